@@ -1,0 +1,25 @@
+"""Collective validation: an error found on any rank is raised on every rank.
+
+A check that fails on one rank only and raises there would leave its peers
+waiting in the next collective call forever.  Every rank therefore reports its
+own verdict, the verdicts are reduced, and all ranks raise the same exception.
+"""
+from __future__ import annotations
+
+from mpi4py import MPI
+
+
+def raise_collectively(comm: MPI.Comm, error: str | None, exc_type: type[Exception] = ValueError) -> None:
+    """Raise ``exc_type`` on every rank of ``comm`` if any rank passes an ``error``.
+
+    The message is the error of the lowest failing rank, so every rank raises the
+    same text.  Costs one small allreduce when all is well.
+    """
+    failed = comm.allreduce(0 if error is None else 1, op=MPI.MAX)
+    if not failed:
+        return
+    errors = comm.allgather(error)
+    rank, msg = next((r, e) for r, e in enumerate(errors) if e is not None)
+    nfail = sum(e is not None for e in errors)
+    more = f"; {nfail - 1} more rank(s) failed too" if nfail > 1 else ""
+    raise exc_type(f"{msg} [reported by rank {rank} of {comm.Get_size()}{more}]")

@@ -1,0 +1,252 @@
+"""Exchange plans: fill windows from owners, and the adjoint (sum windows into owners).
+
+A plan is built once, collectively, from the box every rank owns in a source
+layout and the window every rank needs in a destination layout (they may be
+different grids).  ``exchange`` overwrites every destination window with the
+owners' data; ``exchange_adjoint`` is its transpose: it sends window contents
+back to their owners, which *add* them.  Messages are non-blocking, travel in
+one contiguous packed buffer per direction, and only peers with a non-empty
+intersection talk; a rank's intersection with itself is a local copy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import backend
+from .box import Box
+from .collective import raise_collectively
+from .cudampi import cuda_aware_mpi
+from .distarray import DistArray
+from .plan import Transfer, partition_error, transfers, window_error
+
+_TAG_SPACE = 16000  # two tags per plan stay under the MPI-guaranteed tag bound 32767
+_last_tag = 0
+
+
+@dataclass
+class _Side:
+    """Transfers of one end of a message set and where they sit in the packed buffer."""
+
+    transfers: list[Transfer]
+    offsets: list[int] = field(default_factory=list)
+    total: int = 0
+
+    def __post_init__(self) -> None:
+        off = 0
+        for t in self.transfers:
+            self.offsets.append(off)
+            off += t.box.size
+        self.total = off
+
+    def slot(self, i: int) -> slice:
+        return slice(self.offsets[i], self.offsets[i] + self.transfers[i].box.size)
+
+
+class _Pending:
+    """A started exchange: call :meth:`wait` before touching either array."""
+
+    def __init__(self, finish):
+        self._finish = finish
+
+    def wait(self) -> None:
+        if self._finish is not None:
+            finish, self._finish = self._finish, None
+            finish()
+
+
+class ExchangePlan:
+    """Collective plan between an owned layout and a window layout of one array.
+
+    Parameters
+    ----------
+    comm : MPI.Comm
+        All ranks taking part; the constructor is collective over it.
+    shape : sequence of int
+        Global shape of the array (identical on every rank).
+    owned : Box
+        The box this rank owns in the source layout; the boxes of all ranks must
+        tile the array exactly once.
+    window : Box
+        The box this rank needs in the destination layout (any box in the array,
+        empty allowed).
+    dtype : numpy dtype
+        Element type of the buffers the plan moves.
+
+    Raises
+    ------
+    ValueError
+        On every rank, if any rank's arguments are inconsistent.
+    """
+
+    def __init__(self, comm: MPI.Comm, shape: Sequence[int], owned: Box | None, window: Box,
+                 dtype: Any = np.float32):
+        global _last_tag
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        gbox = Box.from_shape(self.shape)
+        nd = len(self.shape)
+        own = owned if owned is not None else Box.empty(nd)
+        mine = (self.shape, self.dtype.str, own.to_tuple(), window.to_tuple(), _last_tag)
+        everyone = comm.allgather(mine)
+        err = None
+        if owned is None:
+            err = f"rank {self.rank} has no owned box: the source of an exchange must own a block"
+        elif (everyone[0][0], everyone[0][1]) != (self.shape, self.dtype.str):
+            err = (f"plan arguments differ between ranks: rank {self.rank} has shape {self.shape} dtype "
+                   f"{self.dtype}, rank 0 has shape {everyone[0][0]} dtype {np.dtype(everyone[0][1])}")
+        elif own.ndim != nd or window.ndim != nd:
+            err = f"owned {own} and window {window} must have the rank of the shape {self.shape}"
+        raise_collectively(comm, err)
+        self.owned_boxes = [Box.from_tuple(e[2]) for e in everyone]
+        self.windows = [Box.from_tuple(e[3]) for e in everyone]
+        raise_collectively(comm, partition_error(self.rank, self.owned_boxes, gbox)
+                           or window_error(self.rank, self.windows, gbox))
+        _last_tag = max(e[4] for e in everyone) % _TAG_SPACE + 1
+        self._tags = (2 * _last_tag, 2 * _last_tag + 1)
+        self.owned, self.window = own, window
+        sends, recvs = transfers(self.rank, self.owned_boxes, self.windows)
+        self._fwd = (_Side(sends), _Side(recvs))
+        self._buffers: dict[tuple[int, str], tuple[Any, Any, Any, Any]] = {}
+        item = self.dtype.itemsize
+        remote = lambda ts: [t for t in ts if t.peer != self.rank]  # noqa: E731
+        #: Bytes this rank sends per exchange (and receives per adjoint): exactly the intersections.
+        self.bytes_sent = sum(t.box.size for t in remote(sends)) * item
+        #: Bytes this rank receives per exchange (and sends per adjoint).
+        self.bytes_received = sum(t.box.size for t in remote(recvs)) * item
+        #: Bytes copied locally (self-intersection) per exchange.
+        self.bytes_local = sum(t.box.size for t in sends if t.peer == self.rank) * item
+        self.messages_sent = len(remote(sends))
+        self.messages_received = len(remote(recvs))
+        #: Running totals of bytes this rank sent through MPI, over all calls.
+        self.total_bytes_sent = 0
+        self.calls = 0
+
+    @classmethod
+    def between(cls, src: DistArray, dst: DistArray) -> "ExchangePlan":
+        """The plan from ``src``'s owned layout to ``dst``'s windows (collective)."""
+        return cls(src.comm, src.shape, src.owned, dst.window, src.dtype)
+
+    @property
+    def sends(self) -> list[Transfer]:
+        return list(self._fwd[0].transfers)
+
+    @property
+    def recvs(self) -> list[Transfer]:
+        return list(self._fwd[1].transfers)
+
+    # -- public operations --------------------------------------------------
+    def exchange(self, src: DistArray, dst: DistArray, validate: bool = True) -> None:
+        """Overwrite ``dst``'s window with the owners' data from ``src``."""
+        self.start(src, dst, validate).wait()
+
+    def exchange_adjoint(self, dst: DistArray, src: DistArray, accumulate: bool = False,
+                         validate: bool = True) -> None:
+        """Sum ``dst``'s window contents into the owners' boxes of ``src``.
+
+        The transpose of :meth:`exchange`.  With ``accumulate`` the sums are added
+        to what ``src`` owns; otherwise they replace it.
+        """
+        self.start_adjoint(dst, src, accumulate, validate).wait()
+
+    def start(self, src: DistArray, dst: DistArray, validate: bool = True) -> _Pending:
+        """Begin :meth:`exchange`; interior work may overlap until ``wait()``.
+
+        ``validate=False`` skips the collective check of the buffers (one small
+        allreduce); hot loops whose buffers come from the plan's own arrays use it.
+        """
+        if validate:
+            self._validate(src, dst)
+        sends, recvs = self._fwd
+        return self._run(sends, src, src.window, recvs, dst, dst.window, self._tags[0], "fwd", add=False,
+                         zero=None)
+
+    def start_adjoint(self, dst: DistArray, src: DistArray, accumulate: bool = False,
+                      validate: bool = True) -> _Pending:
+        """Begin :meth:`exchange_adjoint`."""
+        if validate:
+            self._validate(src, dst)
+        recvs, sends = self._fwd  # the adjoint reverses every message
+        zero = None if accumulate else src.owned_data
+        return self._run(sends, dst, dst.window, recvs, src, src.window, self._tags[1], "adj", add=True,
+                         zero=zero)
+
+    # -- machinery ----------------------------------------------------------
+    def _validate(self, src: DistArray, dst: DistArray) -> None:
+        err = None
+        for name, arr, box, attr in (("source", src, self.owned, "owned"), ("destination", dst, self.window, "window")):
+            if getattr(arr, attr) != box:
+                err = f"{name} array's {attr} box {getattr(arr, attr)} differs from the plan's {box}"
+            elif arr.shape != self.shape or arr.dtype != self.dtype:
+                err = (f"{name} array has shape {arr.shape} dtype {arr.dtype}, "
+                       f"the plan was built for shape {self.shape} dtype {self.dtype}")
+            elif tuple(arr.data.shape) != arr.window.shape:
+                err = f"{name} buffer shape {tuple(arr.data.shape)} does not match its window {arr.window}"
+            if err:
+                break
+        if err is None and backend.is_device_array(src.data) != backend.is_device_array(dst.data):
+            err = "source and destination buffers must both be host arrays or both device arrays"
+        raise_collectively(self.comm, err)
+
+    def _channel(self, sample: Any, direction: str, n_send: int, n_recv: int):
+        """Packed buffers for one direction and array library, allocated once."""
+        xp = backend.array_module(sample)
+        key = (id(xp), direction)
+        if key not in self._buffers:
+            send = xp.empty(n_send, self.dtype)
+            recv = xp.empty(n_recv, self.dtype)
+            stage = backend.is_device_array(sample) and not cuda_aware_mpi()
+            hsend = backend.empty_host_like(send) if stage else None
+            hrecv = backend.empty_host_like(recv) if stage else None
+            self._buffers[key] = (send, recv, hsend, hrecv)
+        return self._buffers[key]
+
+    def _run(self, out: _Side, src: DistArray, src_box: Box, inc: _Side, dst: DistArray, dst_box: Box,
+             tag: int, direction: str, add: bool, zero: Any) -> _Pending:
+        send, recv, hsend, hrecv = self._channel(src.data, direction, out.total, inc.total)
+        wire_send = send if hsend is None else hsend
+        wire_recv = recv if hrecv is None else hrecv
+        comm, me = self.comm, self.rank
+        reqs = [comm.Irecv(wire_recv[inc.slot(i)], source=t.peer, tag=tag)
+                for i, t in enumerate(inc.transfers) if t.peer != me]
+        for i, t in enumerate(out.transfers):
+            send[out.slot(i)].reshape(t.box.shape)[...] = src.data[t.box.slices_in(src_box)]
+        if backend.is_device_array(send):
+            if hsend is None:
+                backend.synchronize(send)  # MPI must not read a buffer a kernel still writes
+            else:
+                backend.copy_to_host(send, hsend)
+        sent = 0
+        for i, t in enumerate(out.transfers):
+            if t.peer != me:
+                reqs.append(comm.Isend(wire_send[out.slot(i)], dest=t.peer, tag=tag))
+                sent += t.box.size
+            else:
+                j = next(k for k, u in enumerate(inc.transfers) if u.peer == me)
+                recv[inc.slot(j)] = send[out.slot(i)]
+        self.total_bytes_sent += sent * self.dtype.itemsize
+        self.calls += 1
+
+        def finish() -> None:
+            MPI.Request.Waitall(reqs)
+            if hrecv is not None:
+                # The self-copy went device to device; only remote slots come from the host.
+                for i, t in enumerate(inc.transfers):
+                    if t.peer != me:
+                        backend.copy_from_host(hrecv[inc.slot(i)], recv[inc.slot(i)])
+            if zero is not None:
+                zero[...] = 0
+            for i, t in enumerate(inc.transfers):
+                piece = recv[inc.slot(i)].reshape(t.box.shape)
+                view = dst.data[t.box.slices_in(dst_box)]
+                if add:
+                    view += piece
+                else:
+                    view[...] = piece
+
+        return _Pending(finish)

@@ -1,0 +1,135 @@
+"""Process grids over a given communicator, and the replicas x grid split.
+
+A model-parallel group is a ``Py x Px`` MPI Cartesian grid over the spatial axes
+(H, W) of every activation; replicas of that group run data parallelism
+(DESIGN.md section 4).  One rank and a 1 x 1 grid is the serial case.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from mpi4py import MPI
+
+from .box import Box
+from .collective import raise_collectively
+from .partition import block_box, choose_grid
+
+
+def _dims_error(dims: Sequence[int] | None, size: int) -> str | None:
+    if dims is None:
+        return None
+    try:
+        d = tuple(int(x) for x in dims)
+    except (TypeError, ValueError):
+        return f"grid must be two positive integers (Py, Px), got {dims!r}"
+    if len(d) != 2 or any(x < 1 for x in d):
+        return f"grid must be two positive integers (Py, Px), got {dims!r}"
+    if d[0] * d[1] != size:
+        return f"grid {d[0]}x{d[1]} needs {d[0] * d[1]} ranks, the communicator has {size}"
+    return None
+
+
+class ProcessGrid:
+    """A 2-D Cartesian grid of the ranks of ``comm`` over the axes (H, W).
+
+    Parameters
+    ----------
+    comm : MPI.Comm
+        The model-parallel group (never assumed to be ``COMM_WORLD``).
+    dims : (Py, Px), optional
+        Forced grid; by default :func:`choose_grid` picks one (using
+        ``extent=(H, W)`` when given).
+    extent : (H, W), optional
+        Spatial extent that guides the automatic choice.
+    """
+
+    def __init__(self, comm: MPI.Comm, dims: Sequence[int] | None = None, extent: Sequence[int] | None = None):
+        size = comm.Get_size()
+        raise_collectively(comm, _dims_error(dims, size))
+        self.dims: tuple[int, int] = tuple(int(x) for x in dims) if dims is not None else choose_grid(size, extent)  # type: ignore[assignment]
+        # reorder=False keeps cart rank == comm rank, so row-major block order holds.
+        self.comm: MPI.Cartcomm = comm.Create_cart(self.dims, periods=(False, False), reorder=False)
+        self.rank: int = self.comm.Get_rank()
+        self.size: int = size
+        self.coords: tuple[int, int] = tuple(self.comm.Get_coords(self.rank))  # type: ignore[assignment]
+
+    def neighbours(self) -> dict[str, int]:
+        """Ranks of the four grid neighbours (``MPI.PROC_NULL`` at the border)."""
+        north, south = self.comm.Shift(0, 1)
+        west, east = self.comm.Shift(1, 1)
+        return {"north": north, "south": south, "west": west, "east": east}
+
+    def coords_of(self, rank: int) -> tuple[int, int]:
+        return tuple(self.comm.Get_coords(rank))  # type: ignore[return-value]
+
+    def owned_box(self, shape: Sequence[int], rank: int | None = None) -> Box:
+        """The balanced block of an (H, W, ...) array owned by ``rank`` (default: this rank)."""
+        coords = self.coords if rank is None else self.coords_of(rank)
+        return block_box(shape, self.dims, coords)
+
+    def owned_boxes(self, shape: Sequence[int]) -> list[Box]:
+        return [self.owned_box(shape, r) for r in range(self.size)]
+
+    def free(self) -> None:
+        self.comm.Free()
+
+    def __repr__(self) -> str:
+        return f"ProcessGrid({self.dims[0]}x{self.dims[1]}, rank {self.rank} at {self.coords})"
+
+
+@dataclass
+class HybridLayout:
+    """This rank's place in ``replicas x grid``.
+
+    Attributes
+    ----------
+    grid : ProcessGrid
+        The model-parallel group of this rank (same minibatch on every member).
+    replica_comm : MPI.Comm
+        The ranks holding the same grid position in every replica (gradient allreduce).
+    replica : int
+        Index of this rank's replica.
+    replicas : int
+        Number of replicas.
+    """
+
+    grid: ProcessGrid
+    replica_comm: MPI.Comm
+    replica: int
+    replicas: int
+
+    def free(self) -> None:
+        self.grid.free()
+        self.replica_comm.Free()
+
+
+def split_replicas(comm: MPI.Comm, replicas: int = 1, dims: Sequence[int] | None = None,
+                   extent: Sequence[int] | None = None) -> HybridLayout:
+    """Split ``comm`` into ``replicas`` model groups of equal size.
+
+    Consecutive ranks form one group, so that a group sits on as few nodes as
+    possible and halo traffic stays local.
+    """
+    size = comm.Get_size()
+    err = None
+    if not isinstance(replicas, int) or replicas < 1 or size % replicas:
+        err = f"replicas must be a positive divisor of the number of ranks {size}, got {replicas!r}"
+    raise_collectively(comm, err)
+    group = size // replicas
+    raise_collectively(comm, _dims_error(dims, group))
+    rank = comm.Get_rank()
+    model = comm.Split(color=rank // group, key=rank)
+    grid = ProcessGrid(model, dims, extent)
+    model.Free()  # the grid holds its own Cartesian communicator
+    replica_comm = comm.Split(color=rank % group, key=rank)
+    return HybridLayout(grid=grid, replica_comm=replica_comm, replica=rank // group, replicas=replicas)
+
+
+def node_local_rank(comm: MPI.Comm) -> int:
+    """This rank's index among the ranks of ``comm`` on the same node (picks the GPU)."""
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        return local.Get_rank()
+    finally:
+        local.Free()

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine with only Python 3:
+#   bash tests/run.sh [extra pytest args]
+# sets up .venv (jobs/env.sh), runs the serial suite with pytest, then the
+# multi-rank suite under mpiexec -n 1, 2, 3, 4.  Every test has a timeout
+# (pytest-timeout, thread method) and MPIEXEC_TIMEOUT bounds every mpiexec, so a
+# deadlock fails in seconds instead of hanging.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. jobs/env.sh
+export MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+status=0
+echo "== serial suite"
+python -m pytest tests --ignore=tests/mpi "$@" || status=1
+for P in 1 2 3 4; do
+    echo "== multi-rank suite on $P rank(s)"
+    mpiexec -n "$P" python -m mpi4py tests/mpi_pytest.py tests/mpi "$@" || status=1
+done
+if [ "$status" -ne 0 ]; then echo "== FAILED" >&2; else echo "== all suites passed"; fi
+exit "$status"
