@@ -111,18 +111,20 @@ class ExchangePlan:
         self._tags = (2 * _last_tag, 2 * _last_tag + 1)
         self.owned, self.window = own, window
         sends, recvs = transfers(self.rank, self.owned_boxes, self.windows)
-        self._fwd = (_Side(sends), _Side(recvs))
+        me = self.rank
+        self._fwd = (_Side([t for t in sends if t.peer != me]), _Side([t for t in recvs if t.peer != me]))
+        #: The part of this rank's window it owns itself: a local copy, never a message.
+        self.self_box = next((t.box for t in sends if t.peer == me), Box.empty(nd))
         self._buffers: dict[tuple[int, str], tuple[Any, Any, Any, Any]] = {}
         item = self.dtype.itemsize
-        remote = lambda ts: [t for t in ts if t.peer != self.rank]  # noqa: E731
         #: Bytes this rank sends per exchange (and receives per adjoint): exactly the intersections.
-        self.bytes_sent = sum(t.box.size for t in remote(sends)) * item
+        self.bytes_sent = self._fwd[0].total * item
         #: Bytes this rank receives per exchange (and sends per adjoint).
-        self.bytes_received = sum(t.box.size for t in remote(recvs)) * item
+        self.bytes_received = self._fwd[1].total * item
         #: Bytes copied locally (self-intersection) per exchange.
-        self.bytes_local = sum(t.box.size for t in sends if t.peer == self.rank) * item
-        self.messages_sent = len(remote(sends))
-        self.messages_received = len(remote(recvs))
+        self.bytes_local = self.self_box.size * item
+        self.messages_sent = len(self._fwd[0].transfers)
+        self.messages_received = len(self._fwd[1].transfers)
         #: Running totals of bytes this rank sent through MPI, over all calls.
         self.total_bytes_sent = 0
         self.calls = 0
@@ -134,10 +136,12 @@ class ExchangePlan:
 
     @property
     def sends(self) -> list[Transfer]:
+        """The messages this rank sends per exchange (self excluded: see ``self_box``)."""
         return list(self._fwd[0].transfers)
 
     @property
     def recvs(self) -> list[Transfer]:
+        """The messages this rank receives per exchange."""
         return list(self._fwd[1].transfers)
 
     # -- public operations --------------------------------------------------
@@ -211,36 +215,39 @@ class ExchangePlan:
         send, recv, hsend, hrecv = self._channel(src.data, direction, out.total, inc.total)
         wire_send = send if hsend is None else hsend
         wire_recv = recv if hrecv is None else hrecv
-        comm, me = self.comm, self.rank
-        reqs = [comm.Irecv(wire_recv[inc.slot(i)], source=t.peer, tag=tag)
-                for i, t in enumerate(inc.transfers) if t.peer != me]
+        comm = self.comm
+        reqs = [comm.Irecv(wire_recv[inc.slot(i)], source=t.peer, tag=tag) for i, t in enumerate(inc.transfers)]
         for i, t in enumerate(out.transfers):
             send[out.slot(i)].reshape(t.box.shape)[...] = src.data[t.box.slices_in(src_box)]
-        if backend.is_device_array(send):
+        if out.transfers and backend.is_device_array(send):
             if hsend is None:
                 backend.synchronize(send)  # MPI must not read a buffer a kernel still writes
             else:
                 backend.copy_to_host(send, hsend)
-        sent = 0
-        for i, t in enumerate(out.transfers):
-            if t.peer != me:
-                reqs.append(comm.Isend(wire_send[out.slot(i)], dest=t.peer, tag=tag))
-                sent += t.box.size
-            else:
-                j = next(k for k, u in enumerate(inc.transfers) if u.peer == me)
-                recv[inc.slot(j)] = send[out.slot(i)]
-        self.total_bytes_sent += sent * self.dtype.itemsize
+        reqs += [comm.Isend(wire_send[out.slot(i)], dest=t.peer, tag=tag) for i, t in enumerate(out.transfers)]
+        self.total_bytes_sent += out.total * self.dtype.itemsize
         self.calls += 1
+        # The self part moves while the messages travel.  When source and destination
+        # are the same buffer (an in-place halo refresh) it is already in place.
+        own = self.self_box
+        mine = None
+        if not own.is_empty and not (src.data is dst.data and src_box == dst_box and not add):
+            mine = src.data[own.slices_in(src_box)]
+            if add and zero is not None and backend.array_module(mine).may_share_memory(mine, zero):
+                mine = mine.copy()  # zeroing the target below would erase it
+            elif not add:
+                dst.data[own.slices_in(dst_box)] = mine
+                mine = None
 
         def finish() -> None:
             MPI.Request.Waitall(reqs)
             if hrecv is not None:
-                # The self-copy went device to device; only remote slots come from the host.
-                for i, t in enumerate(inc.transfers):
-                    if t.peer != me:
-                        backend.copy_from_host(hrecv[inc.slot(i)], recv[inc.slot(i)])
+                for i in range(len(inc.transfers)):
+                    backend.copy_from_host(hrecv[inc.slot(i)], recv[inc.slot(i)])
             if zero is not None:
                 zero[...] = 0
+            if mine is not None:
+                dst.data[own.slices_in(dst_box)] += mine
             for i, t in enumerate(inc.transfers):
                 piece = recv[inc.slot(i)].reshape(t.box.shape)
                 view = dst.data[t.box.slices_in(dst_box)]

@@ -128,3 +128,23 @@ def test_split_phase_overlaps_work(comm):
     assert interior == pytest.approx(float(x[arr.owned.slices_in(arr.global_box)].sum()))
     np.testing.assert_array_equal(arr.data, x[arr.window.slices_in(arr.global_box)])
     grid.free()
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("dims", grids())
+def test_in_place_adjoint_equals_separate_buffers(comm, dims, accumulate):
+    rng = np.random.default_rng(77)
+    shape = random_shape(rng, lo=3)
+    grid = ProcessGrid(comm, dims)
+    gbox = Box.from_shape(shape)
+    win = lambda b: grow(b, (1, 2), (2, 1), gbox)  # noqa: E731
+    local = np.random.default_rng([3, comm.Get_rank()])
+    arr = DistArray.on_grid(grid, shape, np.float64, window=win)
+    arr.data[...] = local.standard_normal(arr.window.shape)
+    y = DistArray(comm, shape, arr.window, data=arr.data.copy())
+    out = DistArray(comm, shape, arr.window, arr.owned, data=arr.data.copy())
+    plan = ExchangePlan.between(arr, arr)
+    plan.exchange_adjoint(y, out, accumulate=accumulate)
+    plan.exchange_adjoint(arr, arr, accumulate=accumulate)  # aliased: window and owner share a buffer
+    np.testing.assert_allclose(arr.owned_data, out.owned_data, rtol=1e-15, atol=0)
+    grid.free()

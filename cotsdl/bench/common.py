@@ -1,0 +1,79 @@
+"""Helpers shared by the benchmarks: timing across ranks, metadata, atomic JSON output."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import tempfile
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+
+def timed(comm, fn: Callable[[], Any], repeats: int, warmup: int) -> list[float]:
+    """Wall times of ``fn`` (seconds), each the slowest rank's, after a barrier.
+
+    The slowest rank defines a collective step, so each sample is reduced with MAX.
+    """
+    from mpi4py import MPI  # noqa: PLC0415
+
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        fn()
+        samples.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    return samples
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    a = np.asarray(samples)
+    return {"median_s": float(np.median(a)), "min_s": float(a.min()), "max_s": float(a.max()), "samples": len(a)}
+
+
+def metadata(comm) -> dict[str, Any]:
+    from mpi4py import MPI  # noqa: PLC0415
+
+    from .. import __version__  # noqa: PLC0415
+
+    return {
+        "cotsdl": __version__,
+        "ranks": comm.Get_size(),
+        "hosts": sorted(set(comm.allgather(socket.gethostname()))),
+        "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def check_output_path(path: str | None) -> str | None:
+    """Why ``path`` cannot be written (checked before a long run); else None."""
+    if path is None:
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"--json {path}: folder {folder} does not exist"
+    if not os.access(folder, os.W_OK):
+        return f"--json {path}: folder {folder} is not writable"
+    return None
+
+
+def write_json(path: str, data: Any) -> None:
+    """Write ``data`` to ``path`` atomically: a reader never sees half a file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".cotsdl-", suffix=".json", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

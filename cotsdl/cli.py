@@ -1,0 +1,80 @@
+"""The ``cotsdl`` command line.
+
+Run multi-rank commands as ``mpiexec -n P python -m mpi4py -m cotsdl ...`` so that
+an exception on one rank aborts every rank instead of leaving the others waiting.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cotsdl", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="versions, MPI library, CUDA-aware MPI, kernel folder")
+    bench = sub.add_parser("bench", help="benchmarks (print a table; --json writes the numbers)")
+    bsub = bench.add_subparsers(dest="bench", required=True)
+    ex = bsub.add_parser("exchange", help="halo exchange vs MPI ping-pong of the same message sizes")
+    ex.add_argument("--shape", type=int, nargs=4, metavar=("H", "W", "C", "N"), default=[256, 256, 16, 32],
+                    help="global array shape (default: 256 256 16 32)")
+    ex.add_argument("--halos", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="halo widths (default: 1 2 4 8 16)")
+    ex.add_argument("--grid", type=int, nargs=2, metavar=("PY", "PX"), help="process grid (default: chosen for the shape)")
+    ex.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    ex.add_argument("--repeats", type=int, default=20)
+    ex.add_argument("--warmup", type=int, default=3)
+    ex.add_argument("--json", metavar="FILE", help="write the results as JSON (rank 0)")
+    return p
+
+
+def _info() -> int:
+    from mpi4py import MPI  # noqa: PLC0415
+
+    from . import __version__, backend  # noqa: PLC0415
+    from .array.cudampi import cuda_aware_mpi  # noqa: PLC0415
+
+    comm = MPI.COMM_WORLD
+    if comm.Get_rank() == 0:
+        print(f"cotsdl {__version__}")
+        print(f"MPI: {MPI.Get_library_version().splitlines()[0].strip()} ({comm.Get_size()} rank(s))")
+        print(f"CUDA-aware MPI: {cuda_aware_mpi()}")
+        print(f"kernel sources: {backend.cuda_dir()}")
+    return 0
+
+
+def _bench_exchange(args) -> int:
+    import numpy as np  # noqa: PLC0415
+    from mpi4py import MPI  # noqa: PLC0415
+
+    from .array.collective import raise_collectively  # noqa: PLC0415
+    from .bench import common, exchange  # noqa: PLC0415
+
+    comm = MPI.COMM_WORLD  # the program's world: the library itself always takes a communicator
+    raise_collectively(comm, common.check_output_path(args.json) if comm.Get_rank() == 0 else None)
+    res = exchange.run(comm, args.shape, args.halos, args.grid, np.dtype(args.dtype), args.repeats, args.warmup)
+    if args.json and comm.Get_rank() == 0:
+        common.write_json(args.json, res)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "info":
+            return _info()
+        if args.command == "bench" and args.bench == "exchange":
+            return _bench_exchange(args)
+    except ValueError as e:
+        # Validation is collective, so every rank arrives here with the same error:
+        # report it once and let every rank exit non-zero (no rank is left waiting).
+        from mpi4py import MPI  # noqa: PLC0415
+
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            print(f"cotsdl: error: {e}", file=sys.stderr)
+        return 2
+    return 1  # pragma: no cover - argparse rejects unknown commands
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""The command line as a user runs it: under mpiexec, with good and bad arguments."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+
+
+def cotsdl(*args, ranks=2, timeout=120):
+    cmd = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "cotsdl", *args]
+    env = {**os.environ, "MPIEXEC_TIMEOUT": str(timeout)}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=env)
+
+
+@pytest.mark.timeout(200)
+def test_bench_exchange_writes_table_and_json(tmp_path):
+    out = tmp_path / "ex.json"
+    res = cotsdl("bench", "exchange", "--shape", "20", "17", "2", "3", "--halos", "0", "1", "3",
+                 "--repeats", "3", "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("cotsdl bench exchange: 2 rank(s)") == 1  # rank 0 reports, once
+    data = json.loads(out.read_text())
+    assert data["ranks"] == 2 and data["shape"] == [20, 17, 2, 3]
+    rows = {r["halo"]: r for r in data["results"]}
+    assert rows[0]["bytes_sent_all_ranks"] == 0
+    # grid 2x1 over 20 rows: each rank sends h rows of 17*2*3 float32 to the other
+    assert rows[3]["bytes_sent_all_ranks"] == 2 * 3 * 17 * 2 * 3 * 4
+    assert 0 < rows[3]["fraction_of_pingpong"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".cotsdl-")]  # no temporary left
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("args, message", [
+    (["--json", "/nonexistent/dir/x.json"], "folder /nonexistent/dir does not exist"),
+    (["--shape", "0", "4", "1", "1"], "--shape must be four positive integers"),
+    (["--grid", "3", "1"], "grid 3x1 needs 3 ranks, the communicator has 2"),
+    (["--halos", "-1"], "--halos must be non-negative"),
+])
+def test_bad_arguments_fail_on_every_rank_without_hanging(tmp_path, args, message):
+    res = cotsdl("bench", "exchange", "--shape", "8", "8", "1", "1", "--repeats", "1", *args)
+    assert res.returncode != 0
+    assert res.stderr.count(message) == 1, res.stderr  # said once, by rank 0
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_info():
+    res = cotsdl("info", ranks=1)
+    assert res.returncode == 0, res.stderr
+    assert "MPI:" in res.stdout and "kernel sources:" in res.stdout
