@@ -1,0 +1,24 @@
+"""The multi-rank harness turns a deadlock into a fast failure instead of a hung CI."""
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.mark.timeout(120)
+def test_deadlock_fails_fast():
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    cmd = [mpiexec, "-n", "2", sys.executable, "-m", "mpi4py", str(HERE / "mpi_pytest.py"),
+           str(HERE / "harness" / "deadlock_case.py"), "--timeout", "3", "-p", "no:cacheprovider"]
+    t0 = time.monotonic()
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=100,
+                         env={**os.environ, "MPIEXEC_TIMEOUT": "60"})
+    took = time.monotonic() - t0
+    assert res.returncode != 0
+    assert "Timeout" in res.stdout + res.stderr
+    assert took < 50, f"the deadlock took {took:.0f} s to fail"
