@@ -1,0 +1,127 @@
+"""Block locally-connected filter, numpy backend: forward, backward-data, backward-weights.
+
+Math (DESIGN.md section 3): x (H, W, C, N), weights w (SH, SW, M, rh, rw, C) with
+M = bh*bw*K, untied per site; output y (SH*bh, SW*bw, K, N) with
+
+    y[i*bh+a, j*bw+b, k, n] = sum_{p,q,c} w[i, j, (a*bw+b)*K+k, p, q, c] * x[i*sh+p, j*sw+q, c, n]
+
+Per site s it is one dense product Y_s (M x N) = W_s (M x R) X_s (R x N), R = rh*rw*C.
+The receptive fields X_s are gathered once into a (S, R, N) buffer and multiplied in
+one batched matmul (BLAS per site); the work is split into chunks of sites over a
+thread pool so both the gathering copies and the products keep every core busy.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from . import _args
+from .parallel import chunked
+
+
+def check_weights(x_shape: Sequence[int], w: Any, stride: tuple[int, int], block: tuple[int, int]) -> tuple[int, ...]:
+    """Validate ``w`` against an input of ``x_shape``; return (SH, SW, M, rh, rw, C, K)."""
+    if getattr(w, "ndim", None) != 6:
+        raise ValueError(f"w must be a 6-D array (SH, SW, M, rh, rw, C), got shape {getattr(w, 'shape', None)}")
+    sh_, sw_, m, rh, rw, c = w.shape
+    H, W, C = x_shape[:3]
+    if c != C:
+        raise ValueError(f"w has {c} input channels, x has {C}")
+    _args.fits("receptive field", (H, W), (rh, rw))
+    SH, SW = (H - rh) // stride[0] + 1, (W - rw) // stride[1] + 1
+    if (sh_, sw_) != (SH, SW):
+        raise ValueError(f"w has {sh_}x{sw_} sites; an input of {H}x{W} with receptive field {rh}x{rw} and "
+                         f"stride {stride} has {SH}x{SW}")
+    if m % (block[0] * block[1]):
+        raise ValueError(f"w has M={m} neurons per site, not a multiple of the block {block[0]}x{block[1]}")
+    return SH, SW, m, rh, rw, c, m // (block[0] * block[1])
+
+
+def _patches(x: np.ndarray, size: tuple[int, int], stride: tuple[int, int], sites: tuple[int, int]) -> np.ndarray:
+    """Strided view (SH, SW, rh, rw, C, N) of the receptive fields; no copy."""
+    H, W, C, N = x.shape
+    s0, s1, s2, s3 = x.strides
+    return as_strided(x, shape=(sites[0], sites[1], size[0], size[1], C, N),
+                      strides=(stride[0] * s0, stride[1] * s1, s0, s1, s2, s3), writeable=False)
+
+
+def _sites_to_output(ys: np.ndarray, block: tuple[int, int], k: int) -> np.ndarray:
+    """(SH, SW, M, N) per-site products -> (SH*bh, SW*bw, K, N) output layout."""
+    SH, SW, _, N = ys.shape
+    bh, bw = block
+    return ys.reshape(SH, SW, bh, bw, k, N).transpose(0, 2, 1, 3, 4, 5).reshape(SH * bh, SW * bw, k, N)
+
+
+def _output_to_sites(y: np.ndarray, block: tuple[int, int]) -> np.ndarray:
+    """(SH*bh, SW*bw, K, N) -> (SH, SW, M, N) view-or-copy in site order."""
+    H, W, K, N = y.shape
+    bh, bw = block
+    return y.reshape(H // bh, bh, W // bw, bw, K, N).transpose(0, 2, 1, 3, 4, 5).reshape(H // bh, W // bw, bh * bw * K, N)
+
+
+def forward(x: np.ndarray, w: np.ndarray, stride: tuple[int, int], block: tuple[int, int]) -> np.ndarray:
+    SH, SW, M, rh, rw, C, K = check_weights(x.shape, w, stride, block)
+    N = x.shape[3]
+    R = rh * rw * C
+    patches = _patches(x, (rh, rw), stride, (SH, SW)).reshape(SH * SW, rh, rw, C, N)
+    wf = w.reshape(SH * SW, M, R)
+    ys = np.empty((SH * SW, M, N), x.dtype)
+
+    def work(lo: int, hi: int) -> None:
+        xs = np.ascontiguousarray(patches[lo:hi]).reshape(hi - lo, R, N)
+        np.matmul(wf[lo:hi], xs, out=ys[lo:hi])
+
+    chunked(SH * SW, work, bytes_per_item=R * N * x.dtype.itemsize)
+    return _sites_to_output(ys.reshape(SH, SW, M, N), block, K)
+
+
+def backward_data(dy: np.ndarray, w: np.ndarray, stride: tuple[int, int], block: tuple[int, int],
+                  input_shape: Sequence[int]) -> np.ndarray:
+    H, W = int(input_shape[0]), int(input_shape[1])
+    N = dy.shape[3]
+    SH, SW, M, rh, rw, C, K = check_weights((H, W, w.shape[5]), w, stride, block)
+    if dy.shape[:3] != (SH * block[0], SW * block[1], K):
+        raise ValueError(f"dy has shape {dy.shape[:3]} (+N), expected {(SH * block[0], SW * block[1], K)} for these weights")
+    dys = np.ascontiguousarray(_output_to_sites(dy, block)).reshape(SH * SW, M, N)
+    wf = w.reshape(SH * SW, M, rh * rw * C)
+    dx = np.zeros((H, W, C, N), dy.dtype)
+    # Overlapping receptive fields add up: the products run in parallel chunks, then
+    # the scatter-add runs as rh*rw strided passes, each over all sites at once.
+    dxs = np.empty((SH * SW, rh * rw * C, N), dy.dtype)
+
+    def work(lo: int, hi: int) -> None:
+        np.matmul(wf[lo:hi].transpose(0, 2, 1), dys[lo:hi], out=dxs[lo:hi])
+
+    chunked(SH * SW, work, bytes_per_item=rh * rw * C * N * dy.dtype.itemsize)
+    d = dxs.reshape(SH, SW, rh, rw, C, N)
+    sh, sw = stride
+    for p in range(rh):
+        for q in range(rw):
+            dx[p:p + sh * (SH - 1) + 1:sh, q:q + sw * (SW - 1) + 1:sw] += d[:, :, p, q]
+    return dx
+
+
+def backward_weights(x: np.ndarray, dy: np.ndarray, size: tuple[int, int], stride: tuple[int, int],
+                     block: tuple[int, int]) -> np.ndarray:
+    H, W, C, N = x.shape
+    rh, rw = size
+    _args.fits("receptive field", (H, W), size)
+    SH, SW = (H - rh) // stride[0] + 1, (W - rw) // stride[1] + 1
+    bh, bw = block
+    if dy.shape[0] != SH * bh or dy.shape[1] != SW * bw or dy.shape[3] != N:
+        raise ValueError(f"dy has shape {dy.shape}, expected ({SH * bh}, {SW * bw}, K, {N}) for x {x.shape}, "
+                         f"size {size}, stride {stride}, block {block}")
+    K = dy.shape[2]
+    M, R = bh * bw * K, rh * rw * C
+    dys = np.ascontiguousarray(_output_to_sites(dy, block)).reshape(SH * SW, M, N)
+    patches = _patches(x, size, stride, (SH, SW)).reshape(SH * SW, rh, rw, C, N)
+    dw = np.empty((SH * SW, M, R), x.dtype)
+
+    def work(lo: int, hi: int) -> None:
+        xs = np.ascontiguousarray(patches[lo:hi]).reshape(hi - lo, R, N)
+        np.matmul(dys[lo:hi], xs.transpose(0, 2, 1), out=dw[lo:hi])
+
+    chunked(SH * SW, work, bytes_per_item=R * N * x.dtype.itemsize)
+    return dw.reshape(SH, SW, M, rh, rw, C)

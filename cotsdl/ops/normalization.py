@@ -1,0 +1,167 @@
+"""Local contrast normalization, numpy backend, on a window of a possibly larger image.
+
+Math (DESIGN.md section 3): a Gaussian window g of size (2*rho+1)^2 and std sigma,
+spread over the C channels with weight g/C, cut at the image border and
+renormalized by Z[i,j] = sum of g over the in-bounds part (Z = zr[i]*zc[j] since g
+is separable).  With G the normalized smoothing (H, W, C, N) -> (H, W, N):
+
+    mu = G x,   v = x - mu,   s = sqrt(G v^2),   m[n] = mean_{i,j} s[i,j,n],
+    y  = v / max(s, m, eps)
+
+Locality: y on a box O needs v on O+rho, hence x on O+2*rho (all clipped to the
+image).  The functions here take the input window X (any box containing
+(O+2*rho) & image), the output box O and the image's (H, W); the only non-local
+quantity, the per-image sums behind m (forward) and dm (backward), go through a
+caller-supplied ``allreduce`` (identity in one process; an MPI allreduce over the
+model-parallel group when the image is split).  One code path for both.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..array.box import Box, grow
+
+Reduce = Callable[[np.ndarray], np.ndarray]
+
+
+def gaussian(size: int, sigma: float) -> np.ndarray:
+    """The 1-D Gaussian factor of the window (float64; its scale cancels in Z)."""
+    r = size // 2
+    t = np.arange(-r, r + 1, dtype=np.float64)
+    return np.exp(-(t * t) / (2.0 * sigma * sigma))
+
+
+def _border_weight(lo: int, hi: int, length: int, g1: np.ndarray) -> np.ndarray:
+    """z[i] = sum of g1[k] over k with 0 <= i + k - rho < length, for i in [lo, hi)."""
+    rho = len(g1) // 2
+    i = np.arange(lo, hi)[:, None] + np.arange(len(g1))[None, :] - rho
+    return ((i >= 0) & (i < length)) @ g1
+
+
+def _corr(u: np.ndarray, g1: np.ndarray, axis: int, out_len: int) -> np.ndarray:
+    """Valid correlation along ``axis``: out[t] = sum_k g1[k] u[t + k]."""
+    u = np.moveaxis(u, axis, 0)
+    out = g1[0] * u[0:out_len]
+    for k in range(1, len(g1)):
+        out += g1[k] * u[k:k + out_len]
+    return np.moveaxis(out, 0, axis)
+
+
+def _widen(box: Box, r: int) -> Box:
+    """``box`` grown by ``r`` on every side, not clipped (padding may lie outside the image)."""
+    return Box(tuple(l - r for l in box.lo), tuple(h + r for h in box.hi))
+
+
+def _embed(u: np.ndarray, u_box: Box, into: Box, image: Box) -> np.ndarray:
+    """``u`` (given on ``u_box``) placed in a zero array covering ``into``; outside ``image`` stays 0."""
+    out = np.zeros(into.shape + u.shape[2:], u.dtype)
+    part = into & u_box & image
+    out[part.slices_in(into)] = u[part.slices_in(u_box)]
+    return out
+
+
+def smooth(u: np.ndarray, u_box: Box, out: Box, image: Box, g1: np.ndarray) -> np.ndarray:
+    """(1/Z) * sum_{p,q} g[p,q] u[i+p-rho, j+q-rho] over ``out``; ``u`` (h, w, N) given on ``u_box``.
+
+    ``u_box`` must contain (out + rho) & image.
+    """
+    rho = len(g1) // 2
+    if out.is_empty:
+        return np.zeros(out.shape + u.shape[2:], u.dtype)
+    g = g1.astype(u.dtype)
+    padded = _embed(u, u_box, _widen(out, rho), image)
+    r = _corr(_corr(padded, g, 0, out.shape[0]), g, 1, out.shape[1])
+    z = np.outer(_border_weight(out.lo[0], out.hi[0], image.hi[0], g1),
+                 _border_weight(out.lo[1], out.hi[1], image.hi[1], g1)).astype(u.dtype)
+    return r / z.reshape(z.shape + (1,) * (u.ndim - 2))
+
+
+def smooth_adjoint(u: np.ndarray, out: Box, target: Box, image: Box, g1: np.ndarray) -> np.ndarray:
+    """Transpose of :func:`smooth`: ``u`` on ``out`` -> its contributions on ``target``."""
+    rho = len(g1) // 2
+    res = np.zeros(target.shape + u.shape[2:], u.dtype)
+    if out.is_empty:
+        return res
+    g = g1.astype(u.dtype)
+    z = np.outer(_border_weight(out.lo[0], out.hi[0], image.hi[0], g1),
+                 _border_weight(out.lo[1], out.hi[1], image.hi[1], g1)).astype(u.dtype)
+    t = u / z.reshape(z.shape + (1,) * (u.ndim - 2))
+    spread = _widen(out, rho)
+    padded = _embed(t, out, _widen(out, 2 * rho), out)
+    # g is symmetric, so correlating with it is convolving with it.
+    full = _corr(_corr(padded, g[::-1], 0, spread.shape[0]), g[::-1], 1, spread.shape[1])
+    part = spread & target & image
+    res[part.slices_in(target)] = full[part.slices_in(spread)]
+    return res
+
+
+@dataclass
+class LCNCache:
+    """What the backward pass needs from the forward pass."""
+
+    x_box: Box
+    out: Box
+    r1: Box
+    image: Box
+    g1: np.ndarray
+    v1: np.ndarray  # v on r1, (h1, w1, C, N)
+    s: np.ndarray  # on out, (h, w, N)
+    m: np.ndarray  # (N,)
+    d: np.ndarray  # max(s, m, eps) on out
+    eps: float
+
+
+def forward_local(x: np.ndarray, x_box: Box, out: Box, image_hw: tuple[int, int], size: int, sigma: float,
+                  eps: float, allreduce: Reduce | None = None) -> tuple[np.ndarray, LCNCache]:
+    """LCN of the image restricted to ``out`` (2-D spatial boxes); x is (h, w, C, N) on ``x_box``."""
+    C = x.shape[2]
+    rho = size // 2
+    g1 = gaussian(size, sigma)
+    image = Box((0, 0), image_hw)
+    r1 = grow(out, (rho, rho), (rho, rho), image)
+    if not x_box.contains(grow(out, (2 * rho,) * 2, (2 * rho,) * 2, image)):
+        raise ValueError(f"LCN input window {x_box} does not cover {out} plus its 2*rho={2 * rho} halo")
+    inv_c = x.dtype.type(1.0 / C)
+    mu1 = smooth(x.sum(axis=2) * inv_c, x_box, r1, image, g1)
+    v1 = x[r1.slices_in(x_box)] - mu1[:, :, None, :]
+    q1 = (v1 * v1).sum(axis=2) * inv_c
+    s = np.sqrt(smooth(q1, r1, out, image, g1))
+    total = s.sum(axis=(0, 1))
+    if allreduce is not None:
+        total = allreduce(total)
+    m = (total / x.dtype.type(image.size)).astype(x.dtype)
+    d = np.maximum(np.maximum(s, m), x.dtype.type(eps))
+    y = v1[out.slices_in(r1)] / d[:, :, None, :]
+    return y, LCNCache(x_box, out, r1, image, g1, v1, s, m, d, eps)
+
+
+def backward_local(dy: np.ndarray, cache: LCNCache, allreduce: Reduce | None = None) -> np.ndarray:
+    """dx on the input window ``cache.x_box``, given dy on ``cache.out``."""
+    c = cache
+    C = dy.shape[2]
+    dt = dy.dtype.type
+    inv_c = dt(1.0 / C)
+    v0 = c.v1[c.out.slices_in(c.r1)]
+    dv0 = dy / c.d[:, :, None, :]
+    dd = -(dy * v0).sum(axis=2) / (c.d * c.d)
+    s_wins = (c.s >= c.m) & (c.s >= dt(c.eps))
+    m_wins = ~s_wins & (c.m >= dt(c.eps))
+    ds = np.where(s_wins, dd, dt(0))
+    dm = np.where(m_wins, dd, dt(0)).sum(axis=(0, 1))
+    if allreduce is not None:
+        dm = allreduce(dm)
+    ds += (dm / dt(c.image.size)).astype(dy.dtype)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        du = np.where(c.s > 0, ds / (dt(2) * c.s), dt(0))
+    dq1 = smooth_adjoint(du, c.out, c.r1, c.image, c.g1)
+    dv1 = (dt(2) * inv_c) * c.v1 * dq1[:, :, None, :]
+    dv1[c.out.slices_in(c.r1)] += dv0
+    dx_shape = c.x_box.shape + dy.shape[2:]
+    dx = np.zeros(dx_shape, dy.dtype)
+    dx[c.r1.slices_in(c.x_box)] += dv1
+    dmu1 = -dv1.sum(axis=2)
+    dx += (smooth_adjoint(dmu1, c.r1, c.x_box, c.image, c.g1) * inv_c)[:, :, None, :]
+    return dx

@@ -1,0 +1,87 @@
+import numpy as np
+import pytest
+
+from cotsdl import ops
+from gradcheck import assert_grad
+from reference import local_filter as ref_filter
+
+CASES = [  # (H, W, C, N), size, stride, block, K
+    ((9, 8, 3, 4), (3, 3), (2, 2), (1, 1), 2),
+    ((10, 7, 1, 1), (4, 2), (3, 2), (2, 1), 3),   # stride does not divide, C = 1, N = 1
+    ((8, 9, 2, 5), (5, 4), (1, 2), (2, 3), 1),    # blocks bh, bw > 1
+    ((6, 6, 2, 3), (6, 6), (1, 1), (1, 1), 4),    # one site
+    ((11, 13, 2, 2), (3, 5), (4, 3), (3, 2), 2),
+]
+
+
+def make(case, dtype, seed=0):
+    shape, size, stride, block, K = case
+    rng = np.random.default_rng(seed)
+    H, W, C, N = shape
+    SH, SW = (H - size[0]) // stride[0] + 1, (W - size[1]) // stride[1] + 1
+    x = rng.standard_normal(shape).astype(dtype)
+    w = rng.standard_normal((SH, SW, block[0] * block[1] * K, size[0], size[1], C)).astype(dtype)
+    return x, w, size, stride, block
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_forward_matches_loops(case, dtype):
+    x, w, size, stride, block = make(case, dtype)
+    y = ops.local_filter(x, w, stride, block)
+    assert y.dtype == dtype
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(y, ref_filter(x.astype(float), w.astype(float), stride, block), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_adjoint_identity(case):
+    x, w, size, stride, block = make(case, np.float64, seed=1)
+    y = ops.local_filter(x, w, stride, block)
+    r = np.random.default_rng(2).standard_normal(y.shape)
+    xt = ops.local_filter_backward_data(r, w, stride, block, input_shape=x.shape)
+    assert xt.shape == x.shape
+    lhs, rhs = np.sum(y * r), np.sum(x * xt)
+    assert abs(lhs - rhs) <= 1e-12 * max(1.0, abs(lhs))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_gradients_by_finite_differences(case):
+    x, w, size, stride, block = make(case, np.float64, seed=3)
+    r = np.random.default_rng(4).standard_normal(ops.local_filter(x, w, stride, block).shape)
+    loss = lambda x_, w_: np.sum(ops.local_filter(x_, w_, stride, block) * r)  # noqa: E731
+    dx = ops.local_filter_backward_data(r, w, stride, block, input_shape=x.shape)
+    dw = ops.local_filter_backward_weights(x, r, size, stride, block)
+    assert dw.shape == w.shape
+    assert_grad(dx, lambda x_: loss(x_, w), x)
+    assert_grad(dw, lambda w_: loss(x, w_), w)
+
+
+def test_threads_do_not_change_results():
+    x, w, size, stride, block = make(CASES[4], np.float64, seed=5)
+    outs = []
+    for n in (1, 2, 3):
+        ops.set_num_threads(n)
+        try:
+            outs.append((ops.local_filter(x, w, stride, block), ops.local_filter_backward_weights(x, ops.local_filter(x, w, stride, block), size, stride, block)))
+        finally:
+            ops.set_num_threads(None)
+    for y, dw in outs[1:]:
+        np.testing.assert_array_equal(y, outs[0][0])
+        np.testing.assert_array_equal(dw, outs[0][1])
+
+
+def test_bad_arguments_are_named():
+    x, w, size, stride, block = make(CASES[0], np.float32)
+    with pytest.raises(ValueError, match="stride must be a pair"):
+        ops.local_filter(x, w, (0, 1))
+    with pytest.raises(ValueError, match="sites"):
+        ops.local_filter(x, w, (1, 1))
+    with pytest.raises(ValueError, match="dtypes differ"):
+        ops.local_filter(x, w.astype(np.float64), stride)
+    with pytest.raises(ValueError, match="4-D"):
+        ops.local_filter(x[0], w, stride)
+    with pytest.raises(ValueError, match="input channels"):
+        ops.local_filter(x[:, :, :2], w, stride)
+    with pytest.raises(ValueError, match="multiple of the block"):
+        ops.local_filter(x, w[:, :, :1], stride, (2, 1))
