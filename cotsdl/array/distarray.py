@@ -17,6 +17,13 @@ from .box import Box
 from .grid import ProcessGrid
 
 
+def fits(data: Any, window: Box) -> bool:
+    """True if ``data`` is a buffer for ``window`` (any zero-size buffer of its rank fits an empty box)."""
+    if window.is_empty:
+        return data.ndim == window.ndim and data.size == 0
+    return tuple(data.shape) == window.shape
+
+
 class DistArray:
     """A rank's window of a global array.
 
@@ -49,7 +56,7 @@ class DistArray:
             raise ValueError(f"owned box {owned} is not inside the window {window}")
         if data is None:
             data = np.zeros(window.shape, dtype=dtype)
-        elif tuple(data.shape) != window.shape:
+        elif not fits(data, window):
             raise ValueError(f"data of shape {tuple(data.shape)} does not match window {window} (shape {window.shape})")
         self.data = data
 

@@ -20,7 +20,7 @@ from .. import backend
 from .box import Box
 from .collective import raise_collectively
 from .cudampi import cuda_aware_mpi
-from .distarray import DistArray
+from .distarray import DistArray, fits
 from .plan import Transfer, partition_error, transfers, window_error
 
 _TAG_SPACE = 16000  # two tags per plan stay under the MPI-guaranteed tag bound 32767
@@ -189,7 +189,7 @@ class ExchangePlan:
             elif arr.shape != self.shape or arr.dtype != self.dtype:
                 err = (f"{name} array has shape {arr.shape} dtype {arr.dtype}, "
                        f"the plan was built for shape {self.shape} dtype {self.dtype}")
-            elif tuple(arr.data.shape) != arr.window.shape:
+            elif not fits(arr.data, arr.window):
                 err = f"{name} buffer shape {tuple(arr.data.shape)} does not match its window {arr.window}"
             if err:
                 break

@@ -1,0 +1,186 @@
+"""Layer objects: hyper-parameters, shapes, receptive-field maps, costs, local compute.
+
+A layer maps an (H, W, C, N) input to an (H', W', K, N) output.  Its output is
+partitioned over the process grid in *units* (filter sites, pooling windows,
+pixels), each unit writing a ``block`` of output pixels; its receptive-field map
+gives the input window an output box needs.  ``forward_local``/``backward_local``
+compute on a rank's input window and owned output box with :mod:`cotsdl.ops`;
+they know nothing of MPI except the ``allreduce`` callable they are handed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import ops
+from ..array.box import Box
+from ..array.rfmap import RFMap
+from ..ops import costs
+from ..ops import normalization as _lcn
+from ..ops._args import pair
+
+Reduce = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass
+class Context:
+    """What a layer needs besides its input: boxes in global coordinates and the group reduction."""
+
+    in_shape: tuple[int, int, int, int]
+    window: Box  # the input window (4-D)
+    out: Box  # the owned output box (4-D)
+    allreduce: Reduce | None = None
+    params: Any = None  # the local weights of a filter
+
+
+@dataclass(frozen=True)
+class LocalFilter:
+    """Block locally-connected filter: ``size`` receptive field, ``stride``, ``block`` (bh, bw), ``channels`` K."""
+
+    size: tuple[int, int]
+    stride: tuple[int, int]
+    channels: int
+    block: tuple[int, int] = (1, 1)
+    kind: str = field(default="filter", init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", pair("filter size", self.size))
+        object.__setattr__(self, "stride", pair("filter stride", self.stride))
+        object.__setattr__(self, "block", pair("filter block", self.block))
+        if not isinstance(self.channels, (int, np.integer)) or self.channels < 1:
+            raise ValueError(f"filter channels must be a positive integer, got {self.channels!r}")
+
+    @property
+    def rf(self) -> RFMap:
+        return RFMap(self.size, self.stride, self.block)
+
+    @property
+    def unit_block(self) -> tuple[int, int]:
+        return self.block
+
+    def units(self, in_shape) -> tuple[int, int]:
+        return self.rf.sites(in_shape[:2])
+
+    def out_shape(self, in_shape) -> tuple[int, ...]:
+        sh, sw = self.units(in_shape)
+        return (sh * self.block[0], sw * self.block[1], self.channels) + tuple(in_shape[3:])
+
+    def weight_shape(self, in_shape) -> tuple[int, ...]:
+        sh, sw = self.units(in_shape)
+        return (sh, sw, self.block[0] * self.block[1] * self.channels, self.size[0], self.size[1], in_shape[2])
+
+    def cost(self, in_shape, itemsize: int = 4) -> dict[str, costs.Cost]:
+        H, W, C, N = in_shape
+        return costs.local_filter(H, W, C, N, self.size, self.stride, self.block, self.channels, itemsize)
+
+    def forward_local(self, x: np.ndarray, ctx: Context):
+        if ctx.out.is_empty:
+            return np.zeros(ctx.out.shape, x.dtype), None
+        return ops.local_filter(x, ctx.params, self.stride, self.block), None
+
+    def backward_local(self, dy: np.ndarray, x: np.ndarray, y: np.ndarray, cache, ctx: Context):
+        if ctx.out.is_empty:
+            return np.zeros(ctx.window.shape, dy.dtype), np.zeros(ctx.params.shape, dy.dtype)
+        dx = ops.local_filter_backward_data(dy, ctx.params, self.stride, self.block, input_shape=x.shape)
+        dw = ops.local_filter_backward_weights(x, dy, self.size, self.stride, self.block)
+        return dx, dw
+
+
+@dataclass(frozen=True)
+class L2Pool:
+    """L2 pooling over ``size`` windows with ``stride``, ``eps`` inside the square root."""
+
+    size: tuple[int, int]
+    stride: tuple[int, int]
+    eps: float = 0.0
+    kind: str = field(default="pool", init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", pair("pool size", self.size))
+        object.__setattr__(self, "stride", pair("pool stride", self.stride))
+        if not float(self.eps) >= 0:
+            raise ValueError(f"pool eps must be >= 0, got {self.eps!r}")
+
+    @property
+    def rf(self) -> RFMap:
+        return RFMap(self.size, self.stride, mixes_channels=False)
+
+    unit_block = (1, 1)
+
+    def units(self, in_shape) -> tuple[int, int]:
+        return self.rf.sites(in_shape[:2])
+
+    def out_shape(self, in_shape) -> tuple[int, ...]:
+        return tuple(self.units(in_shape)) + tuple(in_shape[2:])
+
+    def cost(self, in_shape, itemsize: int = 4) -> dict[str, costs.Cost]:
+        H, W, C, N = in_shape
+        return costs.l2_pool(H, W, C, N, self.size, self.stride, itemsize)
+
+    def forward_local(self, x: np.ndarray, ctx: Context):
+        if ctx.out.is_empty:
+            return np.zeros(ctx.out.shape, x.dtype), None
+        return ops.l2_pool(x, self.size, self.stride, self.eps), None
+
+    def backward_local(self, dy, x, y, cache, ctx: Context):
+        if ctx.out.is_empty:
+            return np.zeros(ctx.window.shape, dy.dtype), None
+        return ops.l2_pool_backward(dy, x, y, self.size, self.stride), None
+
+
+@dataclass(frozen=True)
+class LCN:
+    """Local contrast normalization: odd window ``size``, Gaussian ``sigma``, floor ``eps``."""
+
+    size: int
+    sigma: float
+    eps: float = 1e-4
+    kind: str = field(default="lcn", init=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.size, (int, np.integer)) or self.size < 1 or self.size % 2 == 0:
+            raise ValueError(f"lcn size must be an odd positive integer, got {self.size!r}")
+        if not float(self.sigma) > 0:
+            raise ValueError(f"lcn sigma must be > 0, got {self.sigma!r}")
+        if not float(self.eps) >= 0:
+            raise ValueError(f"lcn eps must be >= 0, got {self.eps!r}")
+
+    @property
+    def rf(self) -> RFMap:
+        # y on a box needs v on the box + rho, hence x on the box + 2*rho.
+        r = self.size // 2
+        return RFMap((4 * r + 1,) * 2, (1, 1), (1, 1), (2 * r, 2 * r))
+
+    unit_block = (1, 1)
+
+    def units(self, in_shape) -> tuple[int, int]:
+        return tuple(in_shape[:2])  # type: ignore[return-value]
+
+    def out_shape(self, in_shape) -> tuple[int, ...]:
+        return tuple(in_shape)
+
+    def cost(self, in_shape, itemsize: int = 4) -> dict[str, costs.Cost]:
+        H, W, C, N = in_shape
+        return costs.lcn(H, W, C, N, self.size, itemsize)
+
+    def _boxes(self, ctx: Context) -> tuple[Box, Box]:
+        sp = lambda b: Box(b.lo[:2], b.hi[:2]) if not b.is_empty else Box.empty(2)  # noqa: E731
+        return sp(ctx.window), sp(ctx.out)
+
+    def forward_local(self, x: np.ndarray, ctx: Context):
+        win, out = self._boxes(ctx)
+        if ctx.out.is_empty:  # no pixels, but the group reduction must still be joined
+            x = np.zeros((0, 0) + tuple(ctx.in_shape[2:]), x.dtype)
+        y, cache = _lcn.forward_local(x, win, out, ctx.in_shape[:2], self.size, self.sigma, self.eps, ctx.allreduce)
+        return y if not ctx.out.is_empty else np.zeros(ctx.out.shape, x.dtype), cache
+
+    def backward_local(self, dy, x, y, cache, ctx: Context):
+        if ctx.out.is_empty:
+            dy = np.zeros((0, 0) + tuple(ctx.in_shape[2:]), dy.dtype)
+        dx = _lcn.backward_local(dy, cache, ctx.allreduce)
+        return (dx if not ctx.out.is_empty else np.zeros(ctx.window.shape, dy.dtype)), None
+
+
+LAYER_KINDS = {"filter": LocalFilter, "pool": L2Pool, "lcn": LCN}

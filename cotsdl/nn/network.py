@@ -1,0 +1,111 @@
+"""Stages and networks, built from a plain description; weight initialization by global site.
+
+A stage is filter -> L2 pool -> LCN (the paper's building block); a network is a
+stack of stages on an (H, W, C) input.  ``Network.from_description`` takes plain
+Python data (the same data a config file will hold)::
+
+    Network.from_description({
+        "input": [200, 200, 3],
+        "stages": [
+            {"filter": {"size": [18, 18], "stride": [2, 2], "block": [4, 4], "channels": 8},
+             "pool": {"size": [5, 5], "stride": [1, 1], "eps": 0.01},
+             "lcn": {"size": 5, "sigma": 1.0, "eps": 1e-4}},
+        ],
+    })
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..array.box import Box
+from .layers import L2Pool, LCN, LocalFilter
+
+
+@dataclass(frozen=True)
+class Stage:
+    filter: LocalFilter
+    pool: L2Pool
+    lcn: LCN
+
+    @property
+    def layers(self) -> tuple[Any, Any, Any]:
+        return (self.filter, self.pool, self.lcn)
+
+
+class Network:
+    """A stack of stages on inputs of spatial shape and channels ``input_shape = (H, W, C)``."""
+
+    def __init__(self, input_shape: Sequence[int], stages: Sequence[Stage]):
+        shape = tuple(int(v) for v in input_shape)
+        if len(shape) != 3 or min(shape) < 1:
+            raise ValueError(f"network input must be (H, W, C) positive integers, got {tuple(input_shape)}")
+        if not stages:
+            raise ValueError("a network needs at least one stage")
+        self.input_shape = shape
+        self.stages = list(stages)
+        # Shapes (without N) of every layer's input, checked now so errors name the layer.
+        self.shapes: list[tuple[int, int, int]] = [shape]
+        for li, layer in enumerate(self.layers):
+            s = self.shapes[-1]
+            units = layer.units(s + (1,))
+            if min(units) < 1:
+                raise ValueError(f"layer {li} ({layer.kind} of stage {li // 3}) does not fit its input "
+                                 f"{s[0]}x{s[1]}x{s[2]}: {layer}")
+            self.shapes.append(tuple(layer.out_shape(s + (1,))[:3]))
+
+    @property
+    def layers(self) -> list[Any]:
+        return [layer for st in self.stages for layer in st.layers]
+
+    def output_shape(self) -> tuple[int, int, int]:
+        return self.shapes[-1]
+
+    @classmethod
+    def from_description(cls, desc: dict[str, Any]) -> "Network":
+        try:
+            stages = [Stage(LocalFilter(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in s["filter"].items()}),
+                            L2Pool(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in s["pool"].items()}),
+                            LCN(**s["lcn"]))
+                      for s in desc["stages"]]
+            return cls(desc["input"], stages)
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"bad network description: {e!r}; expected {{'input': [H, W, C], 'stages': "
+                             "[{'filter': {...}, 'pool': {...}, 'lcn': {...}}, ...]}") from e
+
+    def describe(self) -> dict[str, Any]:
+        def clean(layer):
+            d = asdict(layer)
+            d.pop("kind")
+            return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
+        return {"input": list(self.input_shape),
+                "stages": [{"filter": clean(s.filter), "pool": clean(s.pool), "lcn": clean(s.lcn)}
+                           for s in self.stages]}
+
+    def filter_layers(self) -> list[int]:
+        """Indices (into ``layers``) of the layers that hold weights."""
+        return [i for i, layer in enumerate(self.layers) if layer.kind == "filter"]
+
+    def __repr__(self) -> str:
+        return f"Network(input={self.input_shape}, {len(self.stages)} stage(s), output={self.output_shape()})"
+
+
+def init_weights(layer: LocalFilter, in_shape: Sequence[int], sites: Box, seed: int, layer_index: int,
+                 dtype: Any = np.float32) -> np.ndarray:
+    """Weights of the sites in ``sites`` (a 2-D box of site indices), keyed by global site.
+
+    Each site draws from its own generator seeded by (seed, layer, i, j), so the
+    weights of a network are the same whatever the number of ranks and grid.
+    Entries are N(0, 1/R) with R = rh*rw*C, the fan-in.
+    """
+    full = layer.weight_shape(tuple(in_shape[:3]) + (1,))
+    per_site = full[2:]
+    w = np.empty(sites.shape + per_site, dtype)
+    scale = 1.0 / np.sqrt(np.prod(per_site[1:]))
+    for a, i in enumerate(range(sites.lo[0], sites.hi[0])):
+        for b, j in enumerate(range(sites.lo[1], sites.hi[1])):
+            rng = np.random.default_rng([seed, layer_index, i, j])
+            w[a, b] = rng.standard_normal(per_site) * scale
+    return w

@@ -1,0 +1,59 @@
+"""Distributed == serial: a 3-stage network's output and every gradient on P ranks equal one rank's."""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from cotsdl.array import DistArray, ProcessGrid, gather
+from cotsdl.nn import NetworkPlan
+from helpers import grids
+from netcases import network
+
+BATCH = 3
+
+
+def run(comm, dims, dtype, seed=0):
+    """Forward + backward on ``comm``; returns gathered (y, dx, {layer: dw}, {layer: w}) on rank 0."""
+    net = network()
+    grid = ProcessGrid(comm, dims)
+    plan = NetworkPlan(net, grid, BATCH, dtype)
+    rng = np.random.default_rng(seed)  # the same images and output weights on every rank
+    images = rng.standard_normal(net.input_shape + (BATCH,)).astype(dtype)
+    r = rng.standard_normal(plan.output_shape).astype(dtype)
+    params = plan.init_params(seed=11)
+    x = plan.input_array(images[plan.input_owned.slices_in(plan.input_array().global_box)].copy())
+    y, tape = plan.forward(x, params)
+    dy = DistArray(comm, plan.output_shape, plan.output_owned, plan.output_owned,
+                   data=r[plan.output_owned.slices_in(y.global_box)].copy())
+    dx, grads = plan.backward(dy, tape, params)
+    out = {"y": gather(y), "dx": gather(dx)}
+    for i, dw in grads.items():
+        shape, box = plan.weight_box(i)
+        out[f"dw{i}"] = gather(DistArray(comm, shape, box, box, data=dw))
+        out[f"w{i}"] = gather(DistArray(comm, shape, box, box, data=params[i]))
+    grid.free()
+    return out
+
+
+@pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-12), (np.float32, 1e-5)])
+@pytest.mark.parametrize("dims", grids())
+def test_distributed_equals_serial(comm, dims, dtype, rtol):
+    dist = run(comm, dims, dtype)
+    serial = run(MPI.COMM_SELF, (1, 1), dtype)  # one rank, the same code path
+    if comm.Get_rank() != 0:
+        return
+    assert sorted(dist) == sorted(serial)
+    for key in sorted(dist):
+        a, b = dist[key], serial[key]
+        assert a.dtype == dtype and a.shape == b.shape, key
+        scale = max(np.abs(b).max(), 1e-30)
+        err = np.abs(a - b).max() / scale
+        assert err <= rtol, f"{key}: relative difference {err:.2e} on grid {dims}"
+
+
+def test_weights_identical_on_any_grid(comm):
+    for dims in grids():
+        dist = run(comm, dims, np.float32)
+        if comm.Get_rank() == 0:
+            serial = run(MPI.COMM_SELF, (1, 1), np.float32)
+            for key in (k for k in dist if k.startswith("w")):
+                np.testing.assert_array_equal(dist[key], serial[key])
