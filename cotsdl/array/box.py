@@ -1,8 +1,9 @@
 """Half-open n-D index boxes ``[lo, hi)``, the unit of all index arithmetic.
 
-Pure Python: no MPI, no array library.  A box whose extent is zero or negative on
-any axis is *empty*; empty boxes are normalised so that they compare equal to each
-other per dimension count.
+Pure Python: no MPI, no array library.  A box whose extent is zero on any axis is
+*empty*.  Extents are clamped at zero per axis (``hi >= lo``), so an empty box keeps
+the extents of its other axes (a rank that owns no rows still has C and N), and
+all empty boxes of one rank compare equal: they hold the same (no) points.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Box:
     """An n-D half-open box ``[lo, hi)`` in global coordinates.
 
@@ -28,10 +29,7 @@ class Box:
         hi_t = tuple(int(v) for v in hi)
         if len(lo_t) != len(hi_t):
             raise ValueError(f"Box corners differ in rank: lo={lo_t}, hi={hi_t}")
-        if any(h <= l for l, h in zip(lo_t, hi_t)):
-            # One canonical empty box per rank, so that equality and hashing of
-            # empty intersections behave.
-            lo_t = hi_t = (0,) * len(lo_t)
+        hi_t = tuple(max(l, h) for l, h in zip(lo_t, hi_t))
         object.__setattr__(self, "lo", lo_t)
         object.__setattr__(self, "hi", hi_t)
 
@@ -65,6 +63,16 @@ class Box:
     @property
     def is_empty(self) -> bool:
         return self.size == 0
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Box):
+            return NotImplemented
+        if self.is_empty or other.is_empty:
+            return self.ndim == other.ndim and self.is_empty and other.is_empty
+        return self.lo == other.lo and self.hi == other.hi
+
+    def __hash__(self) -> int:
+        return hash(("empty", self.ndim)) if self.is_empty else hash((self.lo, self.hi))
 
     # -- algebra ------------------------------------------------------------
     def _check(self, other: "Box") -> None:
@@ -100,8 +108,6 @@ class Box:
     def translate(self, offset: Sequence[int]) -> "Box":
         if len(offset) != self.ndim:
             raise ValueError(f"offset {tuple(offset)} does not match box rank {self.ndim}")
-        if self.is_empty:
-            return self
         return Box(tuple(l + o for l, o in zip(self.lo, offset)), tuple(h + o for h, o in zip(self.hi, offset)))
 
     def replace(self, axis: int, lo: int, hi: int) -> "Box":
@@ -113,13 +119,15 @@ class Box:
     def slices_in(self, outer: "Box") -> tuple[slice, ...]:
         """Slices selecting this box in an array that covers ``outer``.
 
-        This is the local view of a global box inside a rank's window.
+        This is the local view of a global box inside a rank's window.  An empty
+        box gives an empty view that keeps the extents of its other axes where
+        they lie inside ``outer``.
         """
         if not outer.contains(self):
             raise ValueError(f"{self} is not inside {outer}")
-        if self.is_empty:
-            return tuple(slice(0, 0) for _ in range(self.ndim))
-        return tuple(slice(l - o, h - o) for l, h, o in zip(self.lo, self.hi, outer.lo))
+        ext = outer.shape
+        return tuple(slice(min(max(l - o, 0), e), min(max(h - o, 0), e))
+                     for l, h, o, e in zip(self.lo, self.hi, outer.lo, ext))
 
     def __repr__(self) -> str:
         if self.is_empty:

@@ -14,13 +14,14 @@ from mpi4py import MPI
 
 from .box import Box
 from .collective import raise_collectively
-from .distarray import DistArray
+from .distarray import DistArray, layout_error
 from .exchange import ExchangePlan
 
 
 def gather(arr: DistArray, root: int = 0) -> np.ndarray | None:
     """The whole array on ``root`` (None on other ranks), from every rank's owned box."""
     comm = arr.comm
+    raise_collectively(comm, _root_error(comm, root))
     gbox = arr.global_box
     window = gbox if comm.Get_rank() == root else Box.empty(gbox.ndim)
     dst = DistArray(comm, arr.shape, window, data=_zeros_like(arr.data, window.shape))
@@ -34,13 +35,14 @@ def scatter(comm: MPI.Comm, data: Any, owned: Box, window: Box | None = None, ro
     ``owned`` is this rank's box in the resulting layout; ``window`` defaults to it.
     """
     rank = comm.Get_rank()
-    err = None
-    if rank == root and (data is None or getattr(data, "ndim", 0) < 1):
+    err = _root_error(comm, root)
+    if err is None and rank == root and (data is None or getattr(data, "ndim", 0) < 1):
         err = f"scatter: root rank {root} must pass an array, got {type(data).__name__}"
     raise_collectively(comm, err)
     shape, dtype = comm.bcast((tuple(data.shape), np.dtype(data.dtype).str) if rank == root else None, root=root)
     gbox = Box.from_shape(shape)
     window = owned if window is None else window
+    raise_collectively(comm, layout_error(shape, window, owned))
     src = DistArray(comm, shape, gbox if rank == root else Box.empty(len(shape)),
                     owned=gbox if rank == root else Box.empty(len(shape)),
                     data=data if rank == root else np.zeros((0,) * len(shape), dtype))
@@ -52,9 +54,17 @@ def scatter(comm: MPI.Comm, data: Any, owned: Box, window: Box | None = None, ro
 def redistribute(arr: DistArray, owned: Box, window: Box | None = None) -> DistArray:
     """The same global array in another layout (e.g. another process grid)."""
     window = owned if window is None else window
+    raise_collectively(arr.comm, layout_error(arr.shape, window, owned))
     out = DistArray(arr.comm, arr.shape, window, owned=owned, data=_zeros_like(arr.data, window.shape))
     ExchangePlan(arr.comm, arr.shape, arr.owned, window, arr.dtype).exchange(arr, out)
     return out
+
+
+def _root_error(comm: MPI.Comm, root: int) -> str | None:
+    size = comm.Get_size()
+    if not isinstance(root, (int, np.integer)) or not 0 <= root < size:
+        return f"root must be a rank in [0, {size}), got {root!r}"
+    return None
 
 
 def _zeros_like(sample: Any, shape: tuple[int, ...], dtype: Any = None) -> Any:

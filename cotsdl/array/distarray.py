@@ -14,7 +14,18 @@ import numpy as np
 from mpi4py import MPI
 
 from .box import Box
+from .collective import raise_collectively
 from .grid import ProcessGrid
+
+
+def layout_error(shape: Sequence[int], window: Box, owned: Box | None) -> str | None:
+    """Why ``window``/``owned`` are not a valid layout of an array of ``shape``; else None."""
+    gbox = Box.from_shape(shape)
+    if window.ndim != len(shape) or not gbox.contains(window):
+        return f"window {window} is not inside the array of shape {tuple(shape)}"
+    if owned is not None and (owned.ndim != len(shape) or not window.contains(owned)):
+        return f"owned box {owned} is not inside the window {window}"
+    return None
 
 
 def fits(data: Any, window: Box) -> bool:
@@ -26,6 +37,10 @@ def fits(data: Any, window: Box) -> bool:
 
 class DistArray:
     """A rank's window of a global array.
+
+    The constructor is local (not collective): a bad argument raises on the
+    calling rank only.  The collective constructors (:meth:`on_grid`, ``scatter``,
+    ``redistribute``) validate on every rank together.
 
     Parameters
     ----------
@@ -49,11 +64,9 @@ class DistArray:
         self.shape = tuple(int(s) for s in shape)
         self.window = window
         self.owned = owned
-        gbox = self.global_box
-        if window.ndim != len(self.shape) or not gbox.contains(window):
-            raise ValueError(f"window {window} is not inside the array of shape {self.shape}")
-        if owned is not None and not window.contains(owned):
-            raise ValueError(f"owned box {owned} is not inside the window {window}")
+        err = layout_error(self.shape, window, owned)
+        if err:
+            raise ValueError(err)
         if data is None:
             data = np.zeros(window.shape, dtype=dtype)
         elif not fits(data, window):
@@ -70,6 +83,7 @@ class DistArray:
         """
         owned = grid.owned_box(shape)
         win = owned if window is None else window(owned)
+        raise_collectively(grid.comm, layout_error(shape, win, owned))
         return cls(grid.comm, shape, win, owned, data=zeros(win.shape, dtype=dtype))
 
     @property

@@ -25,6 +25,24 @@ from .plan import Transfer, partition_error, transfers, window_error
 
 _TAG_SPACE = 16000  # two tags per plan stay under the MPI-guaranteed tag bound 32767
 _last_tag = 0
+_keyval = None
+
+
+def private_comm(comm: MPI.Comm) -> MPI.Comm:
+    """A duplicate of ``comm`` for plan traffic, made once per communicator (collective the first time).
+
+    Exchange messages then never match the caller's own point-to-point messages
+    (an ``ANY_TAG`` receive, say).  The duplicate is cached as an attribute of
+    ``comm`` and freed with it.
+    """
+    global _keyval
+    if _keyval is None:
+        _keyval = MPI.Comm.Create_keyval(delete_fn=lambda c, k, dup: dup.Free() if not MPI.Is_finalized() else None)
+    dup = comm.Get_attr(_keyval)
+    if dup is None:
+        dup = comm.Dup()
+        comm.Set_attr(_keyval, dup)
+    return dup
 
 
 @dataclass
@@ -85,17 +103,23 @@ class ExchangePlan:
     def __init__(self, comm: MPI.Comm, shape: Sequence[int], owned: Box | None, window: Box,
                  dtype: Any = np.float32):
         global _last_tag
-        self.comm = comm
         self.rank = comm.Get_rank()
-        self.shape = tuple(int(s) for s in shape)
-        self.dtype = np.dtype(dtype)
-        gbox = Box.from_shape(self.shape)
-        nd = len(self.shape)
-        own = owned if owned is not None else Box.empty(nd)
-        mine = (self.shape, self.dtype.str, own.to_tuple(), window.to_tuple(), _last_tag)
-        everyone = comm.allgather(mine)
         err = None
-        if owned is None:
+        try:
+            self.shape = tuple(int(v) for v in shape)
+            self.dtype = np.dtype(dtype)
+            nd = len(self.shape)
+            own = owned if owned is not None else Box.empty(nd)
+            mine = (self.shape, self.dtype.str, own.to_tuple(), window.to_tuple(), _last_tag)
+        except (TypeError, ValueError, AttributeError) as e:
+            err = f"bad exchange-plan arguments on rank {self.rank}: {e}"
+            mine = None
+        everyone = comm.allgather(mine)
+        if err is not None:
+            pass  # this rank's own error is the one to report
+        elif any(e is None for e in everyone):
+            err = "bad exchange-plan arguments on another rank"
+        elif owned is None:
             err = f"rank {self.rank} has no owned box: the source of an exchange must own a block"
         elif (everyone[0][0], everyone[0][1]) != (self.shape, self.dtype.str):
             err = (f"plan arguments differ between ranks: rank {self.rank} has shape {self.shape} dtype "
@@ -103,10 +127,13 @@ class ExchangePlan:
         elif own.ndim != nd or window.ndim != nd:
             err = f"owned {own} and window {window} must have the rank of the shape {self.shape}"
         raise_collectively(comm, err)
+        gbox = Box.from_shape(self.shape)
         self.owned_boxes = [Box.from_tuple(e[2]) for e in everyone]
         self.windows = [Box.from_tuple(e[3]) for e in everyone]
         raise_collectively(comm, partition_error(self.rank, self.owned_boxes, gbox)
                            or window_error(self.rank, self.windows, gbox))
+        self.comm = comm
+        self._wire = private_comm(comm)
         _last_tag = max(e[4] for e in everyone) % _TAG_SPACE + 1
         self._tags = (2 * _last_tag, 2 * _last_tag + 1)
         self.owned, self.window = own, window
@@ -125,13 +152,17 @@ class ExchangePlan:
         self.bytes_local = self.self_box.size * item
         self.messages_sent = len(self._fwd[0].transfers)
         self.messages_received = len(self._fwd[1].transfers)
-        #: Running totals of bytes this rank sent through MPI, over all calls.
+        #: Bytes this rank handed to MPI sends, counted at each send, over all calls.
         self.total_bytes_sent = 0
         self.calls = 0
+        self._in_flight: set[str] = set()
 
     @classmethod
     def between(cls, src: DistArray, dst: DistArray) -> "ExchangePlan":
         """The plan from ``src``'s owned layout to ``dst``'s windows (collective)."""
+        same = MPI.Comm.Compare(src.comm, dst.comm) in (MPI.IDENT, MPI.CONGRUENT)
+        raise_collectively(src.comm, None if same else
+                           "source and destination arrays live on different communicators (ranks differ)")
         return cls(src.comm, src.shape, src.owned, dst.window, src.dtype)
 
     @property
@@ -212,21 +243,32 @@ class ExchangePlan:
 
     def _run(self, out: _Side, src: DistArray, src_box: Box, inc: _Side, dst: DistArray, dst_box: Box,
              tag: int, direction: str, add: bool, zero: Any) -> _Pending:
+        if direction in self._in_flight:
+            raise RuntimeError(f"an exchange ({direction}) of this plan is still in flight: call wait() on it "
+                               "before starting another (they would share the plan's message buffers)")
         send, recv, hsend, hrecv = self._channel(src.data, direction, out.total, inc.total)
         wire_send = send if hsend is None else hsend
         wire_recv = recv if hrecv is None else hrecv
-        comm = self.comm
+        device = backend.is_device_array(send)
+        if device:
+            # MPI does not see CUDA streams: work queued earlier (the last unpack from
+            # these buffers, a pool allocation) must finish before MPI writes to them.
+            backend.synchronize(send)
+        comm = self._wire
         reqs = [comm.Irecv(wire_recv[inc.slot(i)], source=t.peer, tag=tag) for i, t in enumerate(inc.transfers)]
         for i, t in enumerate(out.transfers):
             send[out.slot(i)].reshape(t.box.shape)[...] = src.data[t.box.slices_in(src_box)]
-        if out.transfers and backend.is_device_array(send):
+        if out.transfers and device:
             if hsend is None:
-                backend.synchronize(send)  # MPI must not read a buffer a kernel still writes
+                backend.synchronize(send)  # the packing must be done before MPI reads
             else:
                 backend.copy_to_host(send, hsend)
-        reqs += [comm.Isend(wire_send[out.slot(i)], dest=t.peer, tag=tag) for i, t in enumerate(out.transfers)]
-        self.total_bytes_sent += out.total * self.dtype.itemsize
+        for i, t in enumerate(out.transfers):
+            buf = wire_send[out.slot(i)]
+            reqs.append(comm.Isend(buf, dest=t.peer, tag=tag))
+            self.total_bytes_sent += buf.nbytes
         self.calls += 1
+        self._in_flight.add(direction)
         # The self part moves while the messages travel.  When source and destination
         # are the same buffer (an in-place halo refresh) it is already in place.
         own = self.self_box
@@ -240,10 +282,12 @@ class ExchangePlan:
                 mine = None
 
         def finish() -> None:
-            MPI.Request.Waitall(reqs)
-            if hrecv is not None:
-                for i in range(len(inc.transfers)):
-                    backend.copy_from_host(hrecv[inc.slot(i)], recv[inc.slot(i)])
+            try:
+                MPI.Request.Waitall(reqs)
+            finally:
+                self._in_flight.discard(direction)
+            if hrecv is not None and inc.transfers:
+                backend.copy_from_host(hrecv, recv)  # one transfer for all messages
             if zero is not None:
                 zero[...] = 0
             if mine is not None:

@@ -16,6 +16,14 @@ from .collective import raise_collectively
 from .partition import block_box, choose_grid
 
 
+def _agreement_error(comm: MPI.Comm, what: str, value) -> str | None:
+    """Whether every rank resolved ``value`` the same way (else a mis-wired grid)."""
+    values = comm.allgather(value)
+    if any(v != values[0] for v in values):
+        return f"ranks disagree on the {what}: " + ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+    return None
+
+
 def _dims_error(dims: Sequence[int] | None, size: int) -> str | None:
     if dims is None:
         return None
@@ -48,6 +56,7 @@ class ProcessGrid:
         size = comm.Get_size()
         raise_collectively(comm, _dims_error(dims, size))
         self.dims: tuple[int, int] = tuple(int(x) for x in dims) if dims is not None else choose_grid(size, extent)  # type: ignore[assignment]
+        raise_collectively(comm, _agreement_error(comm, "grid", self.dims))
         # reorder=False keeps cart rank == comm rank, so row-major block order holds.
         self.comm: MPI.Cartcomm = comm.Create_cart(self.dims, periods=(False, False), reorder=False)
         self.rank: int = self.comm.Get_rank()
@@ -116,6 +125,7 @@ def split_replicas(comm: MPI.Comm, replicas: int = 1, dims: Sequence[int] | None
     if not isinstance(replicas, int) or replicas < 1 or size % replicas:
         err = f"replicas must be a positive divisor of the number of ranks {size}, got {replicas!r}"
     raise_collectively(comm, err)
+    raise_collectively(comm, _agreement_error(comm, "number of replicas", replicas))
     group = size // replicas
     raise_collectively(comm, _dims_error(dims, group))
     rank = comm.Get_rank()

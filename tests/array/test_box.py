@@ -56,6 +56,8 @@ def test_translate_and_slices_in(b, data):
     off = data.draw(st.lists(st.integers(-5, 5), min_size=b.ndim, max_size=b.ndim))
     t = b.translate(off)
     assert t.shape == b.shape
+    assert t.lo == tuple(l + o for l, o in zip(b.lo, off)) and t.hi == tuple(h + o for h, o in zip(b.hi, off))
+    assert points(t) == {tuple(p + o for p, o in zip(pt, off)) for pt in points(b)}
     outer = grow(b.hull(t), [2] * b.ndim, [1] * b.ndim, Box([-100] * b.ndim, [100] * b.ndim))
     arr = np.arange(outer.size).reshape(outer.shape) if not outer.is_empty else None
     if arr is not None and not b.is_empty:
@@ -71,8 +73,11 @@ def test_slices_in_rejects_outside():
         Box((0, 0), (3, 3)).slices_in(Box((1, 0), (3, 3)))
 
 
-def test_empty_boxes_are_canonical_and_contained():
+def test_empty_boxes_compare_equal_and_keep_their_other_extents():
     assert Box((3, 1), (3, 5)) == Box((0, 7), (2, 7)) == Box.empty(2)
+    assert len({Box((3, 1), (3, 5)), Box.empty(2)}) == 1
+    assert Box((3, 1), (2, 5)).shape == (0, 4)  # clamped, the other axis kept
+    assert Box((2, 0, 0, 0), (2, 5, 3, 4)).shape == (0, 5, 3, 4)
     assert Box((5, 5), (6, 6)).contains(Box.empty(2))
     assert repr(Box.empty(2)) == "Box.empty(2)"
 
@@ -92,6 +97,9 @@ def test_grow_is_clipped_and_contains(b, data):
     g = grow(b, before, after, bounds)
     assert bounds.contains(g)
     assert g.contains(b & bounds)
+    if not b.is_empty:
+        assert g.lo == tuple(max(l - x, m) for l, x, m in zip(b.lo, before, bounds.lo))
+        assert g.hi == tuple(min(h + x, m) for h, x, m in zip(b.hi, after, bounds.hi)) or g.is_empty
 
 
 @given(st.lists(boxes(2), min_size=1, max_size=5))

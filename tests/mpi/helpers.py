@@ -36,3 +36,10 @@ def random_box(rng, shape):
 def all_same(comm, value):
     vals = comm.allgather(value)
     return all(v == vals[0] for v in vals)
+
+
+def agree(comm, ok, what=""):
+    """True on every rank iff ``ok`` holds on every rank (assert it after the collectives)."""
+    from mpi4py import MPI
+
+    return bool(comm.allreduce(bool(ok), op=MPI.LAND))

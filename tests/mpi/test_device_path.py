@@ -14,6 +14,9 @@ from cotsdl.array import Box, DistArray, ExchangePlan, ProcessGrid, grow
 from helpers import grids
 
 
+LOG = []  # the order of stream syncs, host copies and MPI calls
+
+
 class FakeDeviceArray(np.ndarray):
     gets = 0
     sets = 0
@@ -24,11 +27,13 @@ class FakeDeviceArray(np.ndarray):
 
     def get(self, out):
         FakeDeviceArray.gets += 1
+        LOG.append("get")
         np.copyto(out, self.view(np.ndarray))
         return out
 
     def set(self, src):
         FakeDeviceArray.sets += 1
+        LOG.append("set")
         np.copyto(self.view(np.ndarray), src)
 
 
@@ -46,6 +51,7 @@ def fake_device(monkeypatch):
     def sync(arr):
         if backend.is_device_array(arr):
             calls["sync"] += 1
+            LOG.append("sync")
 
     def pinned(arr):
         calls["pinned"] += 1
@@ -55,7 +61,23 @@ def fake_device(monkeypatch):
     monkeypatch.setattr(backend, "synchronize", sync)
     monkeypatch.setattr(backend, "empty_host_like", pinned)
     FakeDeviceArray.gets = FakeDeviceArray.sets = 0
+    LOG.clear()
     return calls
+
+
+class RecordingComm:
+    """Stands between the plan and its communicator and logs every message call."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def Irecv(self, *a, **k):
+        LOG.append("irecv")
+        return self.comm.Irecv(*a, **k)
+
+    def Isend(self, *a, **k):
+        LOG.append("isend")
+        return self.comm.Isend(*a, **k)
 
 
 def _arrays(comm, shape, x):
@@ -75,17 +97,23 @@ def test_device_exchange_and_adjoint(comm, fake_device, monkeypatch, aware):
     grid, arr = _arrays(comm, shape, x)
     assert backend.is_device_array(arr.data)
     plan = ExchangePlan.between(arr, arr)
+    plan._wire = RecordingComm(plan._wire)
     plan.exchange(arr, arr)
     np.testing.assert_array_equal(np.asarray(arr.data), x[arr.window.slices_in(arr.global_box)])
     remote = plan.messages_sent + plan.messages_received
+    # The stream is synchronised before MPI may write a device (or staging) buffer ...
+    if "irecv" in LOG:
+        assert "sync" in LOG[:LOG.index("irecv")]
+    # ... and the packed sends are complete (synchronised or copied to the host) before MPI reads them.
+    if "isend" in LOG:
+        before = LOG[:LOG.index("isend")]
+        assert before.count("sync") >= 2 or "get" in before
     if aware == "0":
         assert fake_device["pinned"] == 2  # one staging buffer per direction of the packed wire
-        assert FakeDeviceArray.gets == (1 if plan.messages_sent else 0)  # packed sends go to the host once
-        assert FakeDeviceArray.sets == plan.messages_received  # each remote message copied up
+        assert FakeDeviceArray.gets == (1 if plan.messages_sent else 0)  # all sends go down in one copy
+        assert FakeDeviceArray.sets == (1 if plan.messages_received else 0)  # all receives come up in one
     else:
         assert fake_device["pinned"] == 0 and FakeDeviceArray.gets == 0 and FakeDeviceArray.sets == 0
-        # the stream was synchronised before MPI saw the packed buffer
-        assert fake_device["sync"] == (1 if plan.messages_sent else 0)
     assert remote == 0 or comm.Get_size() > 1
     # The adjoint through the same device path equals the host computation.
     y = DistArray(comm, shape, arr.window, data=fake_xp.zeros(arr.window.shape, np.float32))

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from cotsdl.array import Box, DistArray, ExchangePlan, ProcessGrid, grow
-from helpers import P, grids, random_box, random_halo_windows, random_shape
+from helpers import P, agree, grids, random_box, random_halo_windows, random_shape
 
 
 def _setup(comm, dims, seed, windows="halo", dtype=np.float64):
@@ -29,15 +29,18 @@ def test_exchange_fills_every_window(comm, dims, seed, windows):
     dst.data[...] = np.nan
     plan = ExchangePlan.between(src, dst)
     plan.exchange(src, dst)
-    np.testing.assert_array_equal(dst.data, x[dst.window.slices_in(dst.global_box)])
+    filled = np.array_equal(dst.data, x[dst.window.slices_in(dst.global_box)])
     # Exactly the intersections move: nothing redundant, nothing to self over MPI.
+    # total_bytes_sent is counted at each MPI send; the expectation comes from the windows.
     r = comm.Get_rank()
     expect = sum((owned[r] & w).size for p, w in enumerate(wins) if p != r) * 8
-    assert plan.bytes_sent == expect
-    assert plan.total_bytes_sent == expect
-    assert comm.allreduce(plan.bytes_sent) == comm.allreduce(plan.bytes_received)
-    assert plan.messages_sent == sum(1 for p, w in enumerate(wins) if p != r and not (owned[r] & w).is_empty)
+    counts = (plan.bytes_sent, plan.total_bytes_sent, plan.messages_sent)
+    n_msgs = sum(1 for p, w in enumerate(wins) if p != r and not (owned[r] & w).is_empty)
+    balanced = comm.allreduce(plan.bytes_sent) == comm.allreduce(plan.bytes_received)
     grid.free()
+    assert agree(comm, filled), "a window differs from the global array"
+    assert counts == (expect, expect, n_msgs)
+    assert balanced
 
 
 @pytest.mark.parametrize("dims", grids())
@@ -114,7 +117,7 @@ def test_float32_and_float64_plans_are_separate(comm):
     grid.free()
 
 
-def test_split_phase_overlaps_work(comm):
+def test_split_phase_start_then_wait(comm):
     shape = (11, 10, 2, 2)
     grid = ProcessGrid(comm, grids()[-1])
     x = np.random.default_rng(5).standard_normal(shape)
@@ -148,3 +151,55 @@ def test_in_place_adjoint_equals_separate_buffers(comm, dims, accumulate):
     plan.exchange_adjoint(arr, arr, accumulate=accumulate)  # aliased: window and owner share a buffer
     np.testing.assert_allclose(arr.owned_data, out.owned_data, rtol=1e-15, atol=0)
     grid.free()
+
+
+def test_second_start_while_in_flight_is_refused(comm):
+    shape = (9, 8, 2, 2)
+    grid = ProcessGrid(comm, grids()[0])
+    gbox = Box.from_shape(shape)
+    a = DistArray.on_grid(grid, shape, np.float64, window=lambda b: grow(b, (1, 1), (1, 1), gbox))
+    b = DistArray.on_grid(grid, shape, np.float64, window=lambda b_: grow(b_, (1, 1), (1, 1), gbox))
+    a.owned_data[...], b.owned_data[...] = 1.0, 2.0
+    plan = ExchangePlan.between(a, a)
+    pa = plan.start(a, a)
+    with pytest.raises(RuntimeError, match="still in flight"):
+        plan.start(b, b)
+    pa.wait()
+    plan.exchange(b, b)  # fine once the first has completed
+    assert np.all(a.data == 1.0) and np.all(b.data == 2.0)
+    grid.free()
+
+
+def test_plan_messages_do_not_match_user_messages(comm):
+    """Plan traffic runs on a private duplicate: a user's ANY_TAG receive on the same
+    communicator is not fed with halo data."""
+    from mpi4py import MPI
+
+    shape = (10, 9, 2, 2)
+    grid = ProcessGrid(comm, grids()[0])
+    gbox = Box.from_shape(shape)
+    arr = DistArray.on_grid(grid, shape, np.float64, window=lambda b: grow(b, (2, 2), (2, 2), gbox))
+    arr.owned_data[...] = comm.Get_rank()
+    plan = ExchangePlan(grid.comm, shape, arr.owned, arr.window, np.float64)
+    user = np.zeros(1)
+    req = grid.comm.Irecv(user, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
+    plan.exchange(arr, arr)
+    grid.comm.Send(np.array([42.0]), dest=grid.comm.Get_rank(), tag=12345)
+    req.Wait()
+    assert user[0] == 42.0
+    grid.free()
+
+
+def test_exchange_inside_a_replica_group(comm):
+    from cotsdl.array import split_replicas
+
+    replicas = 2 if P % 2 == 0 else 1
+    lay = split_replicas(comm, replicas)
+    shape = (11, 7, 2, 3)
+    x = np.random.default_rng(9).standard_normal(shape) + lay.replica
+    arr = DistArray.on_grid(lay.grid, shape, np.float64, window=lambda b: grow(b, (2, 1), (1, 2), Box.from_shape(shape)))
+    arr.owned_data[...] = x[arr.owned.slices_in(arr.global_box)]
+    ExchangePlan.between(arr, arr).exchange(arr, arr)
+    ok = np.array_equal(arr.data, x[arr.window.slices_in(arr.global_box)])
+    lay.free()
+    assert agree(comm, ok)

@@ -94,3 +94,67 @@ def test_local_construction_errors_are_clear(comm):
         DistArray(comm, (4, 4, 1, 1), Box.from_shape((4, 4, 1, 1)), data=np.zeros((4, 4, 1, 2)))
     with pytest.raises(ValueError, match="owned box"):
         DistArray(comm, (4, 4, 1, 1), Box.from_shape((2, 4, 1, 1)), owned=Box.from_shape((4, 4, 1, 1)))
+
+
+def test_on_grid_with_a_bad_window_on_one_rank(comm):
+    shape = (6, 5, 1, 2)
+    grid = ProcessGrid(comm, grids()[0])
+    bad = lambda b: Box((0, 0, 0, 0), (7, 5, 1, 2)) if comm.Get_rank() == LAST else b  # noqa: E731
+    msg = raises_everywhere(comm, lambda: DistArray.on_grid(grid, shape, window=bad), "not inside the array")
+    assert f"rank {LAST}" in msg
+    grid.free()
+
+
+def test_scatter_and_redistribute_with_a_bad_box_on_one_rank(comm):
+    from cotsdl.array import redistribute, scatter
+
+    shape = (6, 5, 1, 2)
+    grid = ProcessGrid(comm, grids()[0])
+    owned = grid.owned_box(shape)
+    bad = Box((0, 0, 0, 0), (6, 6, 1, 2)) if comm.Get_rank() == LAST else owned
+    x = np.zeros(shape) if comm.Get_rank() == 0 else None
+    raises_everywhere(comm, lambda: scatter(comm, x, owned, bad), "not inside the array")
+    arr = scatter(comm, x, owned)
+    raises_everywhere(comm, lambda: redistribute(arr, bad), "not inside the array")
+    grid.free()
+
+
+def test_ranks_that_disagree_on_the_grid(comm):
+    if P == 1:
+        pytest.skip("needs two ranks to disagree")
+    dims = (1, P) if comm.Get_rank() == 0 else None  # the others choose (P, 1) or (2, 2)
+    raises_everywhere(comm, lambda: ProcessGrid(comm, dims), "ranks disagree on the grid")
+    reps = 1 if comm.Get_rank() == 0 else P
+    raises_everywhere(comm, lambda: split_replicas(comm, reps), "ranks disagree on the number of replicas")
+
+
+def test_bad_plan_arguments_on_one_rank(comm):
+    shape = (6, 5, 1, 2)
+    grid = ProcessGrid(comm, grids()[0])
+    owned = grid.owned_box(shape)
+    window = None if comm.Get_rank() == LAST else owned
+    raises_everywhere(comm, lambda: ExchangePlan(comm, shape, owned, window), "bad exchange-plan arguments")
+    grid.free()
+
+
+def test_gather_root_out_of_range(comm):
+    from cotsdl.array import gather
+
+    shape = (4, 4, 1, 1)
+    grid = ProcessGrid(comm, grids()[0])
+    arr = DistArray.on_grid(grid, shape)
+    raises_everywhere(comm, lambda: gather(arr, root=P), "root must be a rank")
+    grid.free()
+
+
+def test_arrays_on_communicators_with_different_ranks(comm):
+    if P == 1:
+        pytest.skip("needs two ranks")
+    shape = (4, 4, 1, 1)
+    rev = comm.Split(0, key=P - comm.Get_rank())  # same group, reversed order
+    grid = ProcessGrid(comm, grids()[0])
+    src = DistArray.on_grid(grid, shape)
+    dst = DistArray(rev, shape, src.owned)
+    raises_everywhere(comm, lambda: ExchangePlan.between(src, dst), "different communicators")
+    rev.Free()
+    grid.free()
