@@ -24,6 +24,11 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--repeats", type=int, default=20)
     ex.add_argument("--warmup", type=int, default=3)
     ex.add_argument("--json", metavar="FILE", help="write the results as JSON (rank 0)")
+    la = bsub.add_parser("layers", help="filter/pool/LCN speed of the numpy backend vs the same run's sgemm")
+    la.add_argument("--repeats", type=int, default=10)
+    la.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    la.add_argument("--threads", type=int, help="threads of the numpy backend (default: all cores)")
+    la.add_argument("--json", metavar="FILE", help="write the results as JSON")
     return p
 
 
@@ -58,6 +63,26 @@ def _bench_exchange(args) -> int:
     return 0
 
 
+def _bench_layers(args) -> int:
+    import numpy as np  # noqa: PLC0415
+
+    from . import ops  # noqa: PLC0415
+    from .bench import common, layers  # noqa: PLC0415
+
+    err = common.check_output_path(args.json)
+    if err is None and args.repeats < 1:
+        err = f"--repeats must be >= 1, got {args.repeats}"
+    if err:
+        raise ValueError(err)
+    if args.threads is not None:
+        ops.set_num_threads(args.threads)
+    res = layers.run(args.repeats, np.dtype(args.dtype))
+    if args.json:
+        common.write_json(args.json, res)
+        print(f"wrote {args.json}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -65,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             return _info()
         if args.command == "bench" and args.bench == "exchange":
             return _bench_exchange(args)
+        if args.command == "bench" and args.bench == "layers":
+            return _bench_layers(args)
     except ValueError as e:
         # Validation is collective, so every rank arrives here with the same error:
         # report it once and let every rank exit non-zero (no rank is left waiting).

@@ -61,19 +61,26 @@ def _output_to_sites(y: np.ndarray, block: tuple[int, int]) -> np.ndarray:
     return y.reshape(H // bh, bh, W // bw, bw, K, N).transpose(0, 2, 1, 3, 4, 5).reshape(H // bh, W // bw, bh * bw * K, N)
 
 
+def _gather(p6: np.ndarray, i0: int, i1: int) -> np.ndarray:
+    """Receptive fields of the site rows [i0, i1) as one contiguous (sites, R, N) block."""
+    block = np.ascontiguousarray(p6[i0:i1])
+    n, sw, rh, rw, c, N = block.shape
+    return block.reshape(n * sw, rh * rw * c, N)
+
+
 def forward(x: np.ndarray, w: np.ndarray, stride: tuple[int, int], block: tuple[int, int]) -> np.ndarray:
     SH, SW, M, rh, rw, C, K = check_weights(x.shape, w, stride, block)
     N = x.shape[3]
     R = rh * rw * C
-    patches = _patches(x, (rh, rw), stride, (SH, SW)).reshape(SH * SW, rh, rw, C, N)
+    p6 = _patches(x, (rh, rw), stride, (SH, SW))
     wf = w.reshape(SH * SW, M, R)
     ys = np.empty((SH * SW, M, N), x.dtype)
 
-    def work(lo: int, hi: int) -> None:
-        xs = np.ascontiguousarray(patches[lo:hi]).reshape(hi - lo, R, N)
-        np.matmul(wf[lo:hi], xs, out=ys[lo:hi])
+    def work(i0: int, i1: int) -> None:
+        # Gather a cache-sized band of site rows, multiply while it is still in cache.
+        np.matmul(wf[i0 * SW:i1 * SW], _gather(p6, i0, i1), out=ys[i0 * SW:i1 * SW])
 
-    chunked(SH * SW, work, bytes_per_item=R * N * x.dtype.itemsize)
+    chunked(SH, work, bytes_per_item=SW * R * N * x.dtype.itemsize)
     return _sites_to_output(ys.reshape(SH, SW, M, N), block, K)
 
 
@@ -85,21 +92,25 @@ def backward_data(dy: np.ndarray, w: np.ndarray, stride: tuple[int, int], block:
     if dy.shape[:3] != (SH * block[0], SW * block[1], K):
         raise ValueError(f"dy has shape {dy.shape[:3]} (+N), expected {(SH * block[0], SW * block[1], K)} for these weights")
     dys = np.ascontiguousarray(_output_to_sites(dy, block)).reshape(SH * SW, M, N)
-    wf = w.reshape(SH * SW, M, rh * rw * C)
-    dx = np.zeros((H, W, C, N), dy.dtype)
-    # Overlapping receptive fields add up: the products run in parallel chunks, then
-    # the scatter-add runs as rh*rw strided passes, each over all sites at once.
-    dxs = np.empty((SH * SW, rh * rw * C, N), dy.dtype)
-
-    def work(lo: int, hi: int) -> None:
-        np.matmul(wf[lo:hi].transpose(0, 2, 1), dys[lo:hi], out=dxs[lo:hi])
-
-    chunked(SH * SW, work, bytes_per_item=rh * rw * C * N * dy.dtype.itemsize)
-    d = dxs.reshape(SH, SW, rh, rw, C, N)
+    wt = w.reshape(SH * SW, M, rh * rw * C).transpose(0, 2, 1)
     sh, sw = stride
-    for p in range(rh):
-        for q in range(rw):
-            dx[p:p + sh * (SH - 1) + 1:sh, q:q + sw * (SW - 1) + 1:sw] += d[:, :, p, q]
+
+    def work(i0: int, i1: int) -> tuple[int, np.ndarray]:
+        # Products of a band of site rows, scattered into a private band of x rows
+        # while still in cache; overlapping receptive fields add up.
+        n = i1 - i0
+        d = np.matmul(wt[i0 * SW:i1 * SW], dys[i0 * SW:i1 * SW]).reshape(n, SW, rh, rw * C, N)
+        band = np.zeros(((n - 1) * sh + rh, W, C, N), dy.dtype)
+        flat = band.reshape(band.shape[0], W * C, N)
+        for p in range(rh):
+            rows = flat[p:p + sh * (n - 1) + 1:sh]
+            for j in range(SW):
+                rows[:, j * sw * C:(j * sw + rw) * C] += d[:, j, p]
+        return i0 * sh, band
+
+    dx = np.zeros((H, W, C, N), dy.dtype)
+    for row, band in chunked(SH, work, bytes_per_item=SW * rh * rw * C * N * dy.dtype.itemsize):
+        dx[row:row + band.shape[0]] += band
     return dx
 
 
@@ -115,13 +126,16 @@ def backward_weights(x: np.ndarray, dy: np.ndarray, size: tuple[int, int], strid
                          f"size {size}, stride {stride}, block {block}")
     K = dy.shape[2]
     M, R = bh * bw * K, rh * rw * C
-    dys = np.ascontiguousarray(_output_to_sites(dy, block)).reshape(SH * SW, M, N)
-    patches = _patches(x, size, stride, (SH, SW)).reshape(SH * SW, rh, rw, C, N)
+    # dY_s^T (N x M) per site: then dW_s^T = X_s dY_s^T is a plain (R x N)(N x M)
+    # product, which BLAS runs about twice as fast as the transposed-operand form
+    # dY_s X_s^T on these small shapes; the (R x M) result is transposed in cache.
+    dyt = np.ascontiguousarray(_output_to_sites(dy, block).transpose(0, 1, 3, 2)).reshape(SH * SW, N, M)
+    p6 = _patches(x, size, stride, (SH, SW))
     dw = np.empty((SH * SW, M, R), x.dtype)
 
-    def work(lo: int, hi: int) -> None:
-        xs = np.ascontiguousarray(patches[lo:hi]).reshape(hi - lo, R, N)
-        np.matmul(dys[lo:hi], xs.transpose(0, 2, 1), out=dw[lo:hi])
+    def work(i0: int, i1: int) -> None:
+        prod = np.matmul(_gather(p6, i0, i1), dyt[i0 * SW:i1 * SW])
+        np.copyto(dw[i0 * SW:i1 * SW], prod.transpose(0, 2, 1))
 
-    chunked(SH * SW, work, bytes_per_item=R * N * x.dtype.itemsize)
+    chunked(SH, work, bytes_per_item=SW * R * N * x.dtype.itemsize)
     return dw.reshape(SH, SW, M, rh, rw, C)

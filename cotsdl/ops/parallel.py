@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 _threads: int | None = None
 _pool: ThreadPoolExecutor | None = None
@@ -65,21 +65,22 @@ def single_threaded_blas() -> Iterator[None]:
         yield
 
 
-def chunked(n: int, work: Callable[[int, int], None], bytes_per_item: int) -> None:
-    """Run ``work(lo, hi)`` over ``[0, n)`` in cache-sized chunks on the thread pool."""
+def chunked(n: int, work: Callable[[int, int], Any], bytes_per_item: int) -> list[Any]:
+    """Run ``work(lo, hi)`` over ``[0, n)`` in cache-sized chunks on the thread pool.
+
+    Returns the chunks' results in order.  Chunks hold at least one item, at most
+    about ``CHUNK_BYTES`` of gathered operand, and there are at least as many
+    chunks as threads.
+    """
     global _pool
     if n <= 0:
-        return
+        return []
     threads = min(num_threads(), n)
     per = max(1, min(CHUNK_BYTES // max(1, bytes_per_item), -(-n // threads)))
     bounds = [(lo, min(n, lo + per)) for lo in range(0, n, per)]
-    if threads == 1:
-        with single_threaded_blas():
-            for lo, hi in bounds:
-                work(lo, hi)
-        return
-    if _pool is None or _pool._max_workers != threads:  # noqa: SLF001 - resize on demand
-        _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="cotsdl")
     with single_threaded_blas():
-        for f in [_pool.submit(work, lo, hi) for lo, hi in bounds]:
-            f.result()
+        if threads == 1:
+            return [work(lo, hi) for lo, hi in bounds]
+        if _pool is None or _pool._max_workers != threads:  # noqa: SLF001 - resize on demand
+            _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="cotsdl")
+        return [f.result() for f in [_pool.submit(work, lo, hi) for lo, hi in bounds]]
