@@ -28,6 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--repeats", type=int, default=10)
     la.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     la.add_argument("--threads", type=int, help="threads of the numpy backend (default: all cores)")
+    la.add_argument("--min-time", type=float, default=0.2, help="seconds of repeats per operation at least (default 0.2)")
     la.add_argument("--json", metavar="FILE", help="write the results as JSON")
     return p
 
@@ -76,7 +77,7 @@ def _bench_layers(args) -> int:
         raise ValueError(err)
     if args.threads is not None:
         ops.set_num_threads(args.threads)
-    res = layers.run(args.repeats, np.dtype(args.dtype))
+    res = layers.run(args.repeats, np.dtype(args.dtype), min_time=args.min_time)
     if args.json:
         common.write_json(args.json, res)
         print(f"wrote {args.json}")

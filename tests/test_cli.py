@@ -50,3 +50,25 @@ def test_info():
     res = cotsdl("info", ranks=1)
     assert res.returncode == 0, res.stderr
     assert "MPI:" in res.stdout and "kernel sources:" in res.stdout
+
+
+@pytest.mark.timeout(200)
+def test_bench_layers_table_and_json(tmp_path):
+    out = tmp_path / "layers.json"
+    cmd = [sys.executable, "-m", "cotsdl", "bench", "layers", "--repeats", "1", "--min-time", "0", "--json", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert "sgemm 2048^3 ceiling" in res.stdout
+    data = json.loads(out.read_text())
+    assert data["sgemm_2048_GFLOPs"] > 0
+    assert len(data["results"]) == 4
+    for row in data["results"]:
+        assert set(row["ops"]) == {"filter_forward", "filter_bwd_data", "filter_bwd_weights", "pool_forward",
+                                   "pool_backward", "lcn_forward", "lcn_backward"}
+        assert 0 < row["ops"]["filter_forward"]["fraction_of_sgemm"]
+
+
+def test_bench_layers_bad_output_folder():
+    res = subprocess.run([sys.executable, "-m", "cotsdl", "bench", "layers", "--json", "/nonexistent/l.json"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "folder /nonexistent does not exist" in res.stderr

@@ -87,7 +87,7 @@ def _torch_peer(x: np.ndarray, w: np.ndarray, shape: Shape, y_pool_in: np.ndarra
     return {"filter_forward_s": t, "pool_forward_s": tp}
 
 
-def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout) -> dict[str, Any]:
+def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: float = 0.2) -> dict[str, Any]:
     """Measure every shape; print a table; return the numbers."""
     dtype = np.dtype(dtype)
     item = dtype.itemsize
@@ -126,7 +126,7 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout) -> dict[str,
         row: dict[str, Any] = {"shape": sh.name, "H": sh.H, "W": sh.H, "C": sh.C, "r": sh.r, "s": sh.s, "K": sh.K,
                                "N": sh.N, "block": list(sh.block), "ops": {}, "torch": peer}
         for name, (fn, cost) in runs.items():
-            t = best_time(fn, repeats, min_time=0.2)
+            t = best_time(fn, repeats, min_time=min_time)
             rec = {"seconds": t, "GFLOPs": cost.flops / t / 1e9, "GBps": cost.bytes / t / 1e9}
             if name.startswith("filter"):
                 rec["fraction_of_sgemm"] = rec["GFLOPs"] / ceiling
