@@ -1,16 +1,24 @@
-"""Array backends: which library an array lives in, host/device staging, kernel files.
+"""Array backends: numpy | cuda | cuda-emu; kernel loading and the one launch interface.
 
 The only module that touches CuPy, and only lazily, so the package imports on a
-machine without it.  The kernel launch interface and backend selection
-(``COTSDL_BACKEND``) build on this in the CUDA toolchain.
+machine without it.  ``COTSDL_BACKEND=numpy|cuda|cuda-emu`` chooses; by default
+``cuda`` when a CUDA device exists, else ``numpy``.  ``cuda-emu`` runs the CUDA
+backend's wrapper code and the ``.cu`` kernels through :mod:`cotsdl.cudaemu` on
+NumPy arrays (slow; for tests and kernel authors).  Kernels are launched through
+:func:`launch` whatever runs them.
 """
 from __future__ import annotations
 
+import ctypes
+import os
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
+
+BACKENDS = ("numpy", "cuda", "cuda-emu")
 
 
 def is_device_array(arr: Any) -> bool:
@@ -57,7 +65,11 @@ def copy_to_host(src: Any, dst: np.ndarray) -> None:
 
 
 def copy_from_host(src: np.ndarray, dst: Any) -> None:
-    """Copy host array ``src`` into (device or host) array ``dst``."""
+    """Copy host array ``src`` into (device or host) array ``dst``.
+
+    For a device array the copy is queued on the current stream (it may still be
+    running on return); the exchange synchronizes before MPI touches ``src`` again.
+    """
     if is_device_array(dst):
         dst.set(src)
     else:
@@ -80,3 +92,80 @@ def cuda_dir() -> Path:
     raise FileNotFoundError(
         f"cotsdl kernel sources not found: looked in {installed} and "
         f"{Path(__file__).resolve().parent.parent / 'cuda'}; reinstall the package")
+
+
+@lru_cache(maxsize=None)
+def device_count() -> int:
+    """CUDA devices visible to this process, asked of the driver (libcuda), not of CuPy.
+
+    A machine with a GPU but a broken CuPy must not look like a machine without one.
+    """
+    for lib_name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            lib = ctypes.CDLL(lib_name)
+        except OSError:
+            continue
+        if lib.cuInit(0) != 0:
+            return 0
+        n = ctypes.c_int(0)
+        return n.value if lib.cuDeviceGetCount(ctypes.byref(n)) == 0 else 0
+    return 0
+
+
+def name() -> str:
+    """The backend in use: ``COTSDL_BACKEND``, else ``cuda`` with a device, else ``numpy``."""
+    env = os.environ.get("COTSDL_BACKEND", "").strip()
+    if env:
+        if env not in BACKENDS:
+            raise ValueError(f"COTSDL_BACKEND must be one of {', '.join(BACKENDS)}, got {env!r}")
+        return env
+    return "cuda" if device_count() > 0 else "numpy"
+
+
+def uses_kernels(arr: Any) -> bool:
+    """True when work on ``arr`` goes through the CUDA kernels (on a GPU or emulated)."""
+    return is_device_array(arr) or name() == "cuda-emu"
+
+
+def _preamble(defines: Mapping[str, Any]) -> str:
+    return "".join(f"#define {k} {v}\n" for k, v in sorted(defines.items()))
+
+
+@lru_cache(maxsize=None)
+def _module(kind: str, device: int, file: str, defines: tuple[tuple[str, Any], ...]):
+    folder = cuda_dir()
+    code = _preamble(dict(defines)) + f'#line 1 "{file}"\n' + (folder / file).read_text()
+    if kind == "cuda-emu":
+        from . import cudaemu  # noqa: PLC0415
+
+        return cudaemu.RawModule(code=code, options=(f"-I{folder}",))
+    import cupy  # noqa: PLC0415
+
+    return cupy.RawModule(code=code, options=("-std=c++17", f"-I{folder}"))
+
+
+def kernel(file: str, fn: str, defines: Mapping[str, Any] | None = None, device_array: bool = True):
+    """Kernel ``fn`` of ``cuda/<file>`` (with ``#define`` preamble ``defines``), memoized per device.
+
+    ``device_array`` says whether the data lives on a GPU (CuPy) or is emulated.
+    """
+    if device_array:
+        import cupy  # noqa: PLC0415
+
+        kind, dev = "cuda", cupy.cuda.Device().id
+    else:
+        kind, dev = "cuda-emu", -1
+    return _module(kind, dev, file, tuple(sorted((defines or {}).items()))).get_function(fn)
+
+
+def launch(kern: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], shared_mem: int = 0) -> None:
+    """The one launch interface: a CuPy ``RawKernel`` or an emulator ``Function``, same call."""
+    kern(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
+
+
+def set_device(index: int) -> None:
+    """Make GPU ``index`` current (no-op without the cuda backend)."""
+    if name() == "cuda":
+        import cupy  # noqa: PLC0415
+
+        cupy.cuda.Device(index % max(1, device_count())).use()

@@ -13,6 +13,10 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cotsdl", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="versions, MPI library, CUDA-aware MPI, kernel folder")
+    ck = sub.add_parser("check-kernels", help="compile every CUDA kernel with NVRTC for sm_70/80/90; fail on errors or spills")
+    from . import check_kernels  # noqa: PLC0415 - no MPI, no GPU needed
+
+    check_kernels.add_arguments(ck)
     bench = sub.add_parser("bench", help="benchmarks (print a table; --json writes the numbers)")
     bsub = bench.add_subparsers(dest="bench", required=True)
     ex = bsub.add_parser("exchange", help="halo exchange vs MPI ping-pong of the same message sizes")
@@ -45,6 +49,7 @@ def _info() -> int:
         print(f"MPI: {MPI.Get_library_version().splitlines()[0].strip()} ({comm.Get_size()} rank(s))")
         print(f"CUDA-aware MPI: {cuda_aware_mpi()}")
         print(f"kernel sources: {backend.cuda_dir()}")
+        print(f"backend: {backend.name()} ({backend.device_count()} CUDA device(s))")
     return 0
 
 
@@ -89,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "info":
             return _info()
+        if args.command == "check-kernels":
+            from . import check_kernels  # noqa: PLC0415
+
+            return check_kernels.run_args(args)
         if args.command == "bench" and args.bench == "exchange":
             return _bench_exchange(args)
         if args.command == "bench" and args.bench == "layers":

@@ -11,6 +11,8 @@ cd "$(dirname "$0")/.."
 export MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 status=0
+echo "== compile check of every CUDA kernel (NVRTC, sm_70/80/90)"
+python -m cotsdl check-kernels || status=1
 echo "== serial suite"
 python -m pytest tests --ignore=tests/mpi "$@" || status=1
 for P in 1 2 3 4; do

@@ -17,6 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import backend
+from . import boxcopy
 from .box import Box
 from .collective import raise_collectively
 from .cudampi import cuda_aware_mpi
@@ -257,7 +258,7 @@ class ExchangePlan:
         comm = self._wire
         reqs = [comm.Irecv(wire_recv[inc.slot(i)], source=t.peer, tag=tag) for i, t in enumerate(inc.transfers)]
         for i, t in enumerate(out.transfers):
-            send[out.slot(i)].reshape(t.box.shape)[...] = src.data[t.box.slices_in(src_box)]
+            boxcopy.pack(src.data, src_box, t.box, send[out.slot(i)])
         if out.transfers and device:
             if hsend is None:
                 backend.synchronize(send)  # the packing must be done before MPI reads
@@ -293,11 +294,6 @@ class ExchangePlan:
             if mine is not None:
                 dst.data[own.slices_in(dst_box)] += mine
             for i, t in enumerate(inc.transfers):
-                piece = recv[inc.slot(i)].reshape(t.box.shape)
-                view = dst.data[t.box.slices_in(dst_box)]
-                if add:
-                    view += piece
-                else:
-                    view[...] = piece
+                boxcopy.unpack(recv[inc.slot(i)], dst.data, dst_box, t.box, add)
 
         return _Pending(finish)

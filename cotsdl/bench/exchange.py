@@ -17,7 +17,8 @@ from typing import Any, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ..array import Box, DistArray, ExchangePlan, ProcessGrid, grow
+from .. import backend
+from ..array import Box, DistArray, ExchangePlan, ProcessGrid, grow, node_local_rank
 from ..array.collective import raise_collectively
 from .common import metadata, summary, timed
 
@@ -57,16 +58,23 @@ def run(comm: MPI.Comm, shape: Sequence[int], halos: Sequence[int], dims: Sequen
     raise_collectively(comm, err)
     grid = ProcessGrid(comm, dims, extent=shape[:2])
     rank, item = comm.Get_rank(), np.dtype(dtype).itemsize
+    zeros = np.zeros
+    if backend.name() == "cuda":  # device buffers, one GPU per rank of a node
+        import cupy  # noqa: PLC0415
+
+        backend.set_device(node_local_rank(comm))
+        zeros = cupy.zeros
     say = (lambda *a: print(*a, file=log, flush=True)) if rank == 0 else (lambda *a: None)
-    out: dict[str, Any] = {"benchmark": "exchange", **metadata(comm), "grid": list(grid.dims), "shape": list(shape),
+    out: dict[str, Any] = {"benchmark": "exchange", **metadata(comm), "backend": backend.name(),
+                           "grid": list(grid.dims), "shape": list(shape),
                            "dtype": np.dtype(dtype).name, "repeats": repeats, "results": []}
-    say(f"cotsdl bench exchange: {grid.size} rank(s), grid {grid.dims[0]}x{grid.dims[1]}, shape {shape} "
+    say(f"cotsdl bench exchange: {grid.size} rank(s), {backend.name()} backend, grid {grid.dims[0]}x{grid.dims[1]}, shape {shape} "
         f"{np.dtype(dtype).name}, {repeats} repeats; {out['mpi_library']}")
     say(f"{'halo':>5} {'msgs':>5} {'KiB/msg':>9} {'KiB sent':>9} {'exch ms':>9} {'exch GB/s':>10} "
         f"{'pp ms':>9} {'pp GB/s':>9} {'fraction':>9}")
     gbox = Box.from_shape(shape)
     for h in halos:
-        arr = DistArray.on_grid(grid, shape, dtype, window=lambda b: grow(b, (h, h), (h, h), gbox))
+        arr = DistArray.on_grid(grid, shape, dtype, window=lambda b: grow(b, (h, h), (h, h), gbox), zeros=zeros)
         arr.data[...] = rank
         plan = ExchangePlan.between(arr, arr)
         t = summary(timed(comm, lambda: plan.exchange(arr, arr, validate=False), repeats, warmup))

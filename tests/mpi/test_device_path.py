@@ -60,6 +60,9 @@ def fake_device(monkeypatch):
     monkeypatch.setattr(backend, "array_module", lambda arr: fake_xp if backend.is_device_array(arr) else np)
     monkeypatch.setattr(backend, "synchronize", sync)
     monkeypatch.setattr(backend, "empty_host_like", pinned)
+    # The stand-in device arrays are host memory: run the halo kernels through the emulator.
+    real_kernel = backend.kernel
+    monkeypatch.setattr(backend, "kernel", lambda f, fn, defines=None, device_array=True: real_kernel(f, fn, defines, False))
     FakeDeviceArray.gets = FakeDeviceArray.sets = 0
     LOG.clear()
     return calls

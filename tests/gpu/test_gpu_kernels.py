@@ -1,0 +1,56 @@
+"""On a real GPU: the same kernel comparisons the emulator tests make, on CuPy arrays."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cotsdl.array import boxcopy
+from cotsdl.array.box import Box
+
+HERE = Path(__file__).resolve().parent.parent / "cudaemu"
+
+
+@pytest.fixture(scope="module")
+def cp():
+    import cupy  # must import when a device exists
+
+    return cupy
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("seed", range(8))
+def test_halo_kernels_on_device(cp, seed, dtype):
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(v) for v in rng.integers(1, 12, 4))
+    arr_box = Box.from_shape(shape, tuple(int(v) for v in rng.integers(-3, 3, 4)))
+    lo = [int(rng.integers(l, h)) for l, h in zip(arr_box.lo, arr_box.hi)]
+    box = Box(lo, [int(rng.integers(a + 1, h + 1)) for a, h in zip(lo, arr_box.hi)])
+    host = rng.standard_normal(shape).astype(dtype)
+    arr = cp.asarray(host)
+    buf = cp.empty(box.size, dtype)
+    boxcopy.pack(arr, arr_box, box, buf)
+    np.testing.assert_array_equal(cp.asnumpy(buf), host[box.slices_in(arr_box)].ravel())
+    out = cp.zeros_like(arr)
+    boxcopy.unpack(buf, out, arr_box, box, add=True)
+    boxcopy.unpack(buf, out, arr_box, box, add=True)
+    expect = np.zeros_like(host)
+    expect[box.slices_in(arr_box)] = 2 * host[box.slices_in(arr_box)]
+    np.testing.assert_array_equal(cp.asnumpy(out), expect)
+
+
+def test_selftest_kernels_on_device(cp):
+    mod = cp.RawModule(code=(HERE / "selftest.cu").read_text(), options=("-std=c++17",))
+    rng = np.random.default_rng(0)
+    n, k, m = 37, 21, 45
+    A, B = rng.standard_normal((n, k), dtype=np.float32), rng.standard_normal((k, m), dtype=np.float32)
+    C = cp.zeros((n, m), np.float32)
+    mod.get_function("matmul_tiled")((3, 3), (16, 16), (cp.asarray(A), cp.asarray(B), C, np.int32(n), np.int32(k), np.int32(m)))
+    np.testing.assert_allclose(cp.asnumpy(C), A @ B, rtol=1e-4, atol=1e-4)
+    x = rng.standard_normal(3 * 48 - 7).astype(np.float32)
+    out = cp.zeros(3, np.float32)
+    mod.get_function("block_sum")((3,), (48,), (cp.asarray(x), out, np.int32(x.size)))
+    np.testing.assert_allclose(cp.asnumpy(out), [x[b * 48:(b + 1) * 48].sum() for b in range(3)], rtol=1e-5, atol=1e-4)
+    data = rng.integers(0, 256, 10007).astype(np.uint8)
+    hist = cp.zeros(256, np.uint32)
+    mod.get_function("histogram")((7,), (96,), (cp.asarray(data), np.int32(data.size), hist))
+    np.testing.assert_array_equal(cp.asnumpy(hist), np.bincount(data, minlength=256))
