@@ -133,6 +133,11 @@ def _preamble(defines: Mapping[str, Any]) -> str:
 
 @lru_cache(maxsize=None)
 def _module(kind: str, device: int, file: str, defines: tuple[tuple[str, Any], ...]):
+    # COTSDL_KERNEL_CACHE puts compiled kernels somewhere node-local (clusters' home
+    # file systems are slow and shared); CuPy reads CUPY_CACHE_DIR.
+    cache = os.environ.get("COTSDL_KERNEL_CACHE")
+    if cache:
+        os.environ.setdefault("CUPY_CACHE_DIR", os.path.join(cache, "cupy"))
     folder = cuda_dir()
     code = _preamble(dict(defines)) + f'#line 1 "{file}"\n' + (folder / file).read_text()
     if kind == "cuda-emu":

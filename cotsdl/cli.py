@@ -28,6 +28,11 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--repeats", type=int, default=20)
     ex.add_argument("--warmup", type=int, default=3)
     ex.add_argument("--json", metavar="FILE", help="write the results as JSON (rank 0)")
+    em = bsub.add_parser("emulator", help="fiber switches per second of the CUDA emulator (assembly vs ucontext)")
+    em.add_argument("--blocks", type=int, default=8)
+    em.add_argument("--threads", type=int, default=256)
+    em.add_argument("--iters", type=int, default=200)
+    em.add_argument("--json", metavar="FILE", help="write the results as JSON")
     la = bsub.add_parser("layers", help="filter/pool/LCN speed of the numpy backend vs the same run's sgemm")
     la.add_argument("--repeats", type=int, default=10)
     la.add_argument("--dtype", choices=["float32", "float64"], default="float32")
@@ -89,6 +94,21 @@ def _bench_layers(args) -> int:
     return 0
 
 
+def _bench_emulator(args) -> int:
+    from .bench import common, emulator  # noqa: PLC0415
+
+    err = common.check_output_path(args.json)
+    if err is None and (args.blocks < 1 or not 1 <= args.threads <= 1024 or args.iters < 1):
+        err = f"need --blocks >= 1, 1 <= --threads <= 1024, --iters >= 1; got {args.blocks}, {args.threads}, {args.iters}"
+    if err:
+        raise ValueError(err)
+    res = emulator.run(args.blocks, args.threads, args.iters)
+    if args.json:
+        common.write_json(args.json, res)
+        print(f"wrote {args.json}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -100,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             return check_kernels.run_args(args)
         if args.command == "bench" and args.bench == "exchange":
             return _bench_exchange(args)
+        if args.command == "bench" and args.bench == "emulator":
+            return _bench_emulator(args)
         if args.command == "bench" and args.bench == "layers":
             return _bench_layers(args)
     except ValueError as e:

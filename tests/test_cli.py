@@ -72,3 +72,19 @@ def test_bench_layers_bad_output_folder():
     res = subprocess.run([sys.executable, "-m", "cotsdl", "bench", "layers", "--json", "/nonexistent/l.json"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "folder /nonexistent does not exist" in res.stderr
+
+
+def test_bench_emulator(tmp_path):
+    out = tmp_path / "emu.json"
+    res = subprocess.run([sys.executable, "-m", "cotsdl", "bench", "emulator", "--blocks", "2", "--threads", "64",
+                          "--iters", "10", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(out.read_text())
+    assert set(data["results"]) == {"assembly", "ucontext"}
+    assert all(r["switches_per_s"] > 0 for r in data["results"].values())
+
+
+def test_check_kernels_command():
+    res = subprocess.run([sys.executable, "-m", "cotsdl", "check-kernels"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "with no spills" in res.stdout and "pack_box_f32" in res.stdout

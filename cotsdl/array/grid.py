@@ -143,3 +143,12 @@ def node_local_rank(comm: MPI.Comm) -> int:
         return local.Get_rank()
     finally:
         local.Free()
+
+
+def use_node_local_gpu(comm: MPI.Comm) -> int:
+    """Make GPU ``node-local rank mod GPUs per node`` current (with the cuda backend); return the index."""
+    from .. import backend  # noqa: PLC0415
+
+    index = node_local_rank(comm)
+    backend.set_device(index)
+    return index

@@ -18,7 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import backend
-from ..array import Box, DistArray, ExchangePlan, ProcessGrid, grow, node_local_rank
+from ..array import Box, DistArray, ExchangePlan, ProcessGrid, grow, use_node_local_gpu
 from ..array.collective import raise_collectively
 from .common import metadata, summary, timed
 
@@ -62,7 +62,7 @@ def run(comm: MPI.Comm, shape: Sequence[int], halos: Sequence[int], dims: Sequen
     if backend.name() == "cuda":  # device buffers, one GPU per rank of a node
         import cupy  # noqa: PLC0415
 
-        backend.set_device(node_local_rank(comm))
+        use_node_local_gpu(comm)
         zeros = cupy.zeros
     say = (lambda *a: print(*a, file=log, flush=True)) if rank == 0 else (lambda *a: None)
     out: dict[str, Any] = {"benchmark": "exchange", **metadata(comm), "backend": backend.name(),

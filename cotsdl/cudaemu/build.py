@@ -26,10 +26,13 @@ _IGNORED = ("-arch", "--gpu-architecture", "--use_fast_math", "-use_fast_math", 
 
 
 def cache_dir() -> Path:
-    """Where built modules live: ``COTSDL_EMU_CACHE``, else ``$XDG_CACHE_HOME/cotsdl/cudaemu``."""
+    """Where built modules live: ``COTSDL_EMU_CACHE``, else ``$COTSDL_KERNEL_CACHE/cudaemu``,
+    else ``$XDG_CACHE_HOME/cotsdl/cudaemu``."""
     env = os.environ.get("COTSDL_EMU_CACHE")
     if env:
         return Path(env)
+    if os.environ.get("COTSDL_KERNEL_CACHE"):
+        return Path(os.environ["COTSDL_KERNEL_CACHE"]) / "cudaemu"
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "cotsdl" / "cudaemu"
 
@@ -75,9 +78,17 @@ def _run(cmd: list[str], what: str, cwd: Path) -> str:
 
 
 def build(source: str, name: str, options: Sequence[str] = (), asan: bool = False,
-          include_dirs: Sequence[str] = ()) -> tuple[Path, dict[str, parse.KernelSig]]:
-    """Build (or reuse) the emulator library of ``source``; return its path and kernels."""
+          include_dirs: Sequence[str] = (), ucontext: bool | None = None) -> tuple[Path, dict[str, parse.KernelSig]]:
+    """Build (or reuse) the emulator library of ``source``; return its path and kernels.
+
+    ``ucontext`` selects the portable ucontext fibers instead of the x86-64 assembly
+    switch (default: ``COTSDL_EMU_UCONTEXT=1``; always on with ``asan``).
+    """
+    if ucontext is None:
+        ucontext = os.environ.get("COTSDL_EMU_UCONTEXT", "0") == "1"
     flags = translate_options(options) + [f"-I{d}" for d in include_dirs]
+    if ucontext or asan:
+        flags.append("-DCOTSDL_EMU_UCONTEXT")
     cxx = compiler()
     shim, runtime = (HERE / "shim.h").read_text(), (HERE / "runtime.h").read_text()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
@@ -100,7 +111,7 @@ def build(source: str, name: str, options: Sequence[str] = (), asan: bool = Fals
             raise RuntimeError(f"{name}: no extern \"C\" __global__ kernel found")
         launchers = "\n".join(f"COTSDL_EMU_LAUNCHER({k})" for k in sigs)
         (t / "module.cpp").write_text(f'#include "kernels.cu.cpp"\n#include "runtime.h"\n{launchers}\n')
-        mode = ["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer", "-DCOTSDL_EMU_UCONTEXT"] if asan else ["-O2"]
+        mode = ["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer"] if asan else ["-O2"]
         _run([cxx, "-x", "c++", *common, *mode, "-fPIC", "-shared", "-fvisibility=hidden", "-pthread",
               "module.cpp", "-o", "module.so"], f"compiling {name} for the emulator", t)
         (t / "module.json").write_text(json.dumps({k: parse.kernel_to_json(v) for k, v in sigs.items()}))

@@ -148,3 +148,14 @@ def test_asan_build_runs_correct_kernels_cleanly():
         assert np.allclose(out, [x[i*128:(i+1)*128].sum() for i in range(4)], atol=1e-4)
     """).replace("\n", "\n        "))
     assert res.returncode == 0 and "finished" in res.stdout, res.stderr[-3000:]
+
+
+def test_ucontext_fibers_give_the_same_results():
+    mod = RawModule(path=HERE / "selftest.cu", options=("-DCOTSDL_EMU_UCONTEXT",))
+    x = np.random.default_rng(3).standard_normal(500).astype(np.float32)
+    out = np.zeros(4, np.float32)
+    mod.get_function("block_sum")((4,), (128,), (x, out, np.int32(500)))
+    np.testing.assert_allclose(out, [x[i * 128:(i + 1) * 128].sum() for i in range(4)], rtol=1e-5, atol=1e-4)
+    y = np.zeros(32, np.float32)
+    with pytest.raises(RuntimeError, match="deadlock"):
+        mod.get_function("deadlock")((1,), (32,), (y,))
