@@ -1,0 +1,85 @@
+import numpy as np
+import pytest
+
+from cotsdl.train import sparse_ae_loss
+
+CASES = [  # shape, size, stride, block, K, pool size, pool stride
+    ((8, 7, 2, 3), (3, 3), (1, 1), (1, 1), 2, (2, 2), (1, 1)),
+    ((9, 9, 1, 2), (4, 3), (2, 2), (2, 1), 2, (2, 2), (2, 2)),
+    ((6, 8, 3, 1), (2, 4), (1, 2), (1, 2), 3, (1, 2), (1, 1)),
+]
+
+
+def make(case, seed=0):
+    shape, size, stride, block, K, ps, pst = case
+    rng = np.random.default_rng(seed)
+    H, W, C, N = shape
+    SH, SW = (H - size[0]) // stride[0] + 1, (W - size[1]) // stride[1] + 1
+    x = rng.standard_normal(shape)
+    w = rng.standard_normal((SH, SW, block[0] * block[1] * K, size[0], size[1], C)) * 0.3
+    return x, w, dict(stride=stride, block=block, pool_size=ps, pool_stride=pst, lam=0.7, eps=0.05)
+
+
+def loop_loss(x, w, kw, w_dec=None):
+    """J straight from the definition, with the decoder as an explicit transpose."""
+    from cotsdl import ops
+
+    H, W, C, N = x.shape
+    h = ops.local_filter(x, w, kw["stride"], kw["block"])
+    # x_hat = F^T h via the definition of the adjoint: <F e_i, h> for every input unit e_i
+    dec = w if w_dec is None else w_dec
+    xh = np.zeros_like(x)
+    for idx in np.ndindex(H, W, C):
+        e = np.zeros((H, W, C, 1))
+        e[idx] = 1.0
+        col = ops.local_filter(e, dec, kw["stride"], kw["block"])[..., 0]
+        xh[idx] = np.einsum("ijk,ijkn->n", col, h)
+    p = ops.l2_pool(h, kw["pool_size"], kw["pool_stride"], kw["eps"])
+    return (np.sum((xh - x) ** 2) + kw["lam"] * np.sum(p)) / N
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_loss_matches_definition(case):
+    x, w, kw = make(case)
+    J, _ = sparse_ae_loss(x, w, **kw)
+    assert J == pytest.approx(loop_loss(x, w, kw), rel=1e-12)
+
+
+def numeric(f, a, h=1e-6):
+    g = np.zeros_like(a)
+    for i in np.ndindex(a.shape):
+        old = a[i]
+        a[i] = old + h
+        fp = f()
+        a[i] = old - h
+        fm = f()
+        a[i] = old
+        g[i] = (fp - fm) / (2 * h)
+    return g
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_tied_gradient_by_finite_differences(case):
+    x, w, kw = make(case, seed=1)
+    _, dw = sparse_ae_loss(x, w, **kw)
+    num = numeric(lambda: sparse_ae_loss(x, w, **kw)[0], w)
+    np.testing.assert_allclose(dw, num, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_untied_gradients_by_finite_differences(case):
+    x, w, kw = make(case, seed=2)
+    w_dec = np.random.default_rng(3).standard_normal(w.shape) * 0.3
+    J, dw, dwd = sparse_ae_loss(x, w, w_dec=w_dec, **kw)
+    assert J == pytest.approx(loop_loss(x, w, kw, w_dec), rel=1e-12)
+    np.testing.assert_allclose(dw, numeric(lambda: sparse_ae_loss(x, w, w_dec=w_dec, **kw)[0], w), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(dwd, numeric(lambda: sparse_ae_loss(x, w, w_dec=w_dec, **kw)[0], w_dec), rtol=1e-6,
+                               atol=1e-7)
+
+
+def test_float32_stays_float32_and_eps_must_be_positive():
+    x, w, kw = make(CASES[0])
+    J, dw = sparse_ae_loss(x.astype(np.float32), w.astype(np.float32), **kw)
+    assert dw.dtype == np.float32 and np.isfinite(J)
+    with pytest.raises(ValueError, match="eps must be > 0"):
+        sparse_ae_loss(x, w, **{**kw, "eps": 0.0})
