@@ -10,6 +10,7 @@ intersection talk; a rank's intersection with itself is a local copy.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -156,6 +157,8 @@ class ExchangePlan:
         #: Bytes this rank handed to MPI sends, counted at each send, over all calls.
         self.total_bytes_sent = 0
         self.calls = 0
+        #: Wall seconds spent inside this plan's exchanges (start and wait), over all calls.
+        self.seconds = 0.0
         self._in_flight: set[str] = set()
 
     @classmethod
@@ -244,6 +247,7 @@ class ExchangePlan:
 
     def _run(self, out: _Side, src: DistArray, src_box: Box, inc: _Side, dst: DistArray, dst_box: Box,
              tag: int, direction: str, add: bool, zero: Any) -> _Pending:
+        t_start = time.perf_counter()
         if direction in self._in_flight:
             raise RuntimeError(f"an exchange ({direction}) of this plan is still in flight: call wait() on it "
                                "before starting another (they would share the plan's message buffers)")
@@ -282,7 +286,10 @@ class ExchangePlan:
                 dst.data[own.slices_in(dst_box)] = mine
                 mine = None
 
+        self.seconds += time.perf_counter() - t_start
+
         def finish() -> None:
+            t_wait = time.perf_counter()
             try:
                 MPI.Request.Waitall(reqs)
             finally:
@@ -295,5 +302,6 @@ class ExchangePlan:
                 dst.data[own.slices_in(dst_box)] += mine
             for i, t in enumerate(inc.transfers):
                 boxcopy.unpack(recv[inc.slot(i)], dst.data, dst_box, t.box, add)
+            self.seconds += time.perf_counter() - t_wait
 
         return _Pending(finish)

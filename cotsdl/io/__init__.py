@@ -1,0 +1,1 @@
+"""Files: HDF5 checkpoints (and, later, HDF5 image datasets)."""

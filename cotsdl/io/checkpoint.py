@@ -1,0 +1,166 @@
+"""HDF5 checkpoints of distributed arrays, written atomically, readable on any grid.
+
+A checkpoint is a folder ``ckpt-<step>`` holding one HDF5 file per writing rank
+(its blocks of every array, each with its box in global coordinates) and
+``index.json`` (the metadata and the list of blocks).  Ranks write into a
+``.ckpt-<step>.partial`` folder; after every file is written and fsynced, rank 0
+writes the index and renames the folder: the rename is the commit, so a run killed
+mid-write leaves the previous checkpoint as the latest.  Loading works on any number
+of ranks or grid: each rank reads, from the files whose blocks intersect the boxes
+it needs, just those intersections.  No pickles: arrays are HDF5 datasets, the rest
+JSON.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+from mpi4py import MPI
+
+from ..array.box import Box
+from ..array.collective import raise_collectively
+
+_NAME = re.compile(r"^ckpt-(\d{9})$")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def completed(folder: str | os.PathLike) -> list[Path]:
+    """Committed checkpoints in ``folder``, oldest first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if _NAME.match(p.name) and (p / "index.json").is_file()]
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+
+
+def latest(folder: str | os.PathLike) -> Path | None:
+    done = completed(folder)
+    return done[-1] if done else None
+
+
+def save(folder: str | os.PathLike, step: int, comm: MPI.Comm, arrays: dict[str, tuple[tuple[int, ...], Box, np.ndarray]],
+         meta: dict[str, Any], writer: bool = True, keep: int = 3) -> Path:
+    """Write a checkpoint (collective over ``comm``); return its folder.
+
+    ``arrays`` maps a name to (global shape, this rank's box, this rank's block); only
+    ranks with ``writer`` write (e.g. one replica of identical copies).  The last
+    ``keep`` checkpoints are kept.
+    """
+    folder = Path(folder)
+    rank = comm.Get_rank()
+    final, partial = folder / f"ckpt-{step:09d}", folder / f".ckpt-{step:09d}.partial"
+    err = None
+    if rank == 0:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            if partial.exists():
+                shutil.rmtree(partial)  # left over from a run killed while writing
+            partial.mkdir()
+        except OSError as e:
+            err = f"cannot create checkpoint folder {partial}: {e}"
+    raise_collectively(comm, err, OSError)
+    pieces = []
+    if writer:
+        fname = f"rank{rank:05d}.h5"
+        tmp = partial / (fname + ".tmp")
+        try:
+            with h5py.File(tmp, "w") as f:
+                for name, (shape, box, data) in sorted(arrays.items()):
+                    if box.is_empty:
+                        continue
+                    d = f.create_dataset(name, data=np.ascontiguousarray(data))
+                    d.attrs["lo"], d.attrs["hi"] = np.array(box.lo), np.array(box.hi)
+                    pieces.append({"name": name, "file": fname, "lo": list(box.lo), "hi": list(box.hi)})
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, partial / fname)
+        except OSError as e:
+            err = f"cannot write checkpoint file {partial / fname}: {e}"
+    raise_collectively(comm, err, OSError)
+    all_pieces = comm.gather(pieces, root=0)
+    shapes = {name: list(shape) for name, (shape, _, _) in arrays.items()}
+    if rank == 0:
+        try:
+            _write_json(partial / "index.json", {"step": step, "meta": meta, "shapes": shapes,
+                                                 "pieces": [p for ps in all_pieces for p in ps]})
+            _fsync_dir(partial)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(partial, final)  # the commit
+            _fsync_dir(folder)
+            for old in completed(folder)[:-keep] if keep > 0 else []:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError as e:
+            err = f"cannot commit checkpoint {final}: {e}"
+    raise_collectively(comm, err, OSError)
+    return final
+
+
+def read_index(path: str | os.PathLike) -> dict[str, Any]:
+    path = Path(path)
+    with open(path / "index.json") as f:
+        return json.load(f)
+
+
+def load(path: str | os.PathLike, comm: MPI.Comm, wanted: dict[str, Box], dtype: Any = None) -> dict[str, np.ndarray]:
+    """This rank's block ``wanted[name]`` of every named array, from any layout (collective)."""
+    path = Path(path)
+    err = None
+    out: dict[str, np.ndarray] = {}
+    try:
+        index = read_index(path)
+        files: dict[str, h5py.File] = {}
+        try:
+            for name, box in wanted.items():
+                if name not in index["shapes"]:
+                    raise KeyError(f"checkpoint {path} has no array {name!r}")
+                gshape = tuple(index["shapes"][name])
+                if not Box.from_shape(gshape).contains(box):
+                    raise ValueError(f"{name}: box {box} lies outside the saved array of shape {gshape}")
+                block = None
+                covered = 0
+                for p in index["pieces"]:
+                    if p["name"] != name:
+                        continue
+                    part = Box(p["lo"], p["hi"]) & box
+                    if part.is_empty:
+                        continue
+                    if p["file"] not in files:
+                        files[p["file"]] = h5py.File(path / p["file"], "r")
+                    ds = files[p["file"]][name]
+                    if block is None:
+                        block = np.zeros(box.shape, dtype or ds.dtype)
+                    block[part.slices_in(box)] = ds[part.slices_in(Box(p["lo"], p["hi"]))]
+                    covered += part.size
+                if covered != box.size:
+                    raise ValueError(f"{name}: checkpoint {path} covers {covered} of the {box.size} elements of {box}")
+                out[name] = block if block is not None else np.zeros(box.shape, dtype or np.float32)
+        finally:
+            for f in files.values():
+                f.close()
+    except (OSError, KeyError, ValueError) as e:
+        err = f"cannot load checkpoint {path}: {e}"
+    raise_collectively(comm, err)
+    return out

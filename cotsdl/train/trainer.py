@@ -1,0 +1,291 @@
+"""Greedy layer-wise training of stacked sparse autoencoders over replicas x model grid.
+
+Stage 1 is trained on the input images; stage k on the output of the frozen stages
+1..k-1 (forward only below the trained stage).  The world communicator is split
+into ``replicas`` model groups (DESIGN.md section 4): every rank of a group reads the
+same images (its window of them); replicas read different images and average their
+gradients with fused allreduces.  The trainer is a Python object to script: train a
+stage, look at the weights, change the learning rate or ``lam``, continue.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from ..array.box import Box
+from ..array.collect import gather
+from ..array.collective import raise_collectively
+from ..array.distarray import DistArray
+from ..array.grid import split_replicas
+from ..io import checkpoint
+from ..nn.network import Network
+from ..nn.plan import NetworkPlan
+from . import allreduce
+from .objective import StageObjective
+from .optim import Optimizer
+
+
+class GreedyTrainer:
+    """Train the stages of ``network`` one after another.
+
+    Parameters
+    ----------
+    network : Network
+    data : DataSource
+        Any object with ``image_shape`` and ``read(first, count, window)`` (see ``train.data``).
+    optimizer : Optimizer
+        A template: every stage starts from a fresh copy of it (its ``comm`` is set to
+        the model group); ``trainer.optimizer`` is the current stage's copy.
+    comm : MPI.Comm
+        All ranks taking part (``replicas`` x grid of them).
+    batch : int
+        Images per replica per step (the global batch is ``batch * replicas``).
+    replicas, grid : int, (Py, Px)
+        Data-parallel replicas and the model-parallel grid (chosen for the image if None).
+    lam : float
+        Weight of the pooled sparsity term.
+    tied : bool
+        Decoder weights tied to the encoder's (the default) or separate.
+    checkpoint_dir, checkpoint_every, keep : where, how often (global steps; 0 = only
+        when asked) and how many checkpoints to keep.
+    log_every, metrics_file : rank 0 prints a line every ``log_every`` steps and appends
+        a JSON line to ``metrics_file``.
+    max_bad_steps : int
+        Consecutive non-finite steps (skipped) after which training stops.
+    """
+
+    def __init__(self, network: Network, data: Any, optimizer: Optimizer, *, comm: MPI.Comm, batch: int,
+                 replicas: int = 1, grid: Sequence[int] | None = None, lam: float = 0.1, tied: bool = True,
+                 seed: int = 0, dtype: Any = np.float32, checkpoint_dir: str | None = None,
+                 checkpoint_every: int = 0, keep: int = 3, log_every: int = 10, metrics_file: str | None = None,
+                 max_bad_steps: int = 5, log=sys.stdout):
+        err = None
+        if tuple(getattr(data, "image_shape", ())) != network.input_shape:
+            err = f"the data's images are {getattr(data, 'image_shape', None)}, the network takes {network.input_shape}"
+        elif not isinstance(optimizer, Optimizer):
+            err = f"optimizer must be a cotsdl.train.optim optimizer, got {type(optimizer).__name__}"
+        elif not isinstance(batch, (int, np.integer)) or batch < 1:
+            err = f"batch must be a positive integer, got {batch!r}"
+        elif not float(lam) >= 0:
+            err = f"lam must be >= 0, got {lam!r}"
+        raise_collectively(comm, err)
+        self.world, self.network, self.data = comm, network, data
+        self.layout = split_replicas(comm, replicas, grid, extent=network.input_shape[:2])
+        self.plan = NetworkPlan(network, self.layout.grid, int(batch), dtype)
+        self.batch, self.replicas, self.lam, self.tied, self.seed = int(batch), replicas, float(lam), tied, seed
+        self.params = self.plan.init_params(seed)
+        self.decoders = {} if tied else {i: w.copy() for i, w in self.params.items()}
+        self.template = optimizer
+        self.optimizer: Optimizer | None = None
+        self.stage, self.stage_step, self.batch_index, self.step = 0, 0, 0, 0
+        self.skipped, self.bad_in_row, self.max_bad_steps = 0, 0, int(max_bad_steps)
+        self.checkpoint_dir, self.checkpoint_every, self.keep = checkpoint_dir, int(checkpoint_every), int(keep)
+        self.log_every, self.metrics_file, self._log = int(log_every), metrics_file, log
+        self.history: list[dict[str, Any]] = []
+        self._is_root = comm.Get_rank() == 0
+
+    # -- inspection -------------------------------------------------------------
+    @property
+    def filter_layers(self) -> list[int]:
+        return self.network.filter_layers()
+
+    def gather_weights(self, stage: int, root: int = 0) -> np.ndarray | None:
+        """The whole encoder weights of ``stage`` on ``root`` of the model group (None elsewhere)."""
+        li = self.filter_layers[stage]
+        shape, box = self.plan.weight_box(li)
+        grid_comm = self.layout.grid.comm
+        return gather(DistArray(grid_comm, shape, box, box, data=self.params[li]), root=root)
+
+    def _say(self, msg: str) -> None:
+        if self._is_root:
+            print(msg, file=self._log, flush=True)
+
+    # -- one step -----------------------------------------------------------------
+    def _stage_input(self, stage: int) -> DistArray:
+        first = (self.batch_index * self.replicas + self.layout.replica) * self.batch
+        xb = self.data.read(first, self.batch, self.plan.input_owned)
+        x = self.plan.input_array(np.ascontiguousarray(xb, dtype=self.plan.dtype))
+        if stage == 0:
+            return x
+        y, _ = self.plan.forward(x, self.params, upto=3 * stage)
+        return y
+
+    def _train_step(self, stage: int, objective: StageObjective) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        ex0 = sum(lp.exchange.seconds for lp in self.plan.layers)
+        li = self.filter_layers[stage]
+        x = self._stage_input(stage)
+        if self.tied:
+            parts, dw = objective.value_and_grad(x, self.params[li])
+            grads = {"w": dw}
+        else:
+            parts, dw, dwd = objective.value_and_grad(x, self.params[li], self.decoders[li])
+            grads = {"w": dw, "w_dec": dwd}
+        losses = np.array([parts.total, parts.reconstruction, parts.sparsity])
+        if self.replicas > 1:
+            grads = allreduce.average(self.layout.replica_comm, grads)
+            self.layout.replica_comm.Allreduce(MPI.IN_PLACE, losses, op=MPI.SUM)
+            losses /= self.replicas
+        finite = bool(np.all(np.isfinite(losses)) and all(np.all(np.isfinite(g)) for g in grads.values()))
+        finite = bool(self.world.allreduce(finite, op=MPI.LAND))  # every rank skips together
+        if finite:
+            self.bad_in_row = 0
+            params = {"w": self.params[li]} if self.tied else {"w": self.params[li], "w_dec": self.decoders[li]}
+            self.optimizer.step(params, grads)
+        else:
+            self.bad_in_row += 1
+            self.skipped += 1
+            self._say(f"warning: stage {stage} step {self.stage_step}: non-finite loss or gradient, step skipped "
+                      f"({self.bad_in_row} in a row, {self.skipped} in all)")
+            if self.bad_in_row >= self.max_bad_steps:
+                raise RuntimeError(f"training stopped: {self.bad_in_row} consecutive steps with a non-finite loss or "
+                                   f"gradient (stage {stage}, step {self.stage_step}); the last checkpoint is intact"
+                                   + (f" in {self.checkpoint_dir}" if self.checkpoint_dir else ""))
+        self.batch_index += 1
+        self.stage_step += 1
+        self.step += 1
+        dt = time.perf_counter() - t0
+        ex = sum(lp.exchange.seconds for lp in self.plan.layers) - ex0
+        ex = float(self.world.allreduce(ex, op=MPI.MAX))
+        return {"step": self.step, "stage": stage, "stage_step": self.stage_step, "loss": float(losses[0]),
+                "reconstruction": float(losses[1]), "sparsity": float(losses[2]), "skipped": not finite,
+                "seconds": dt, "exchange_seconds": ex, "images_per_s": self.batch * self.replicas / dt,
+                "lr": self.optimizer.lr}
+
+    # -- stages -------------------------------------------------------------------
+    def _begin_stage(self, stage: int) -> None:
+        if not 0 <= stage < len(self.network.stages):
+            raise ValueError(f"stage must be in [0, {len(self.network.stages)}), got {stage!r}")
+        if self.optimizer is None or stage != self.stage:
+            self.optimizer = copy.deepcopy(self.template)
+            self.optimizer.comm = self.layout.grid.comm
+            if stage != self.stage:
+                self.stage_step = 0
+            self.stage = stage
+
+    def train_stage(self, stage: int, steps: int) -> list[dict[str, Any]]:
+        """Train ``stage`` for ``steps`` more steps (the stages below it are frozen)."""
+        self._begin_stage(stage)
+        objective = StageObjective(self.plan, stage, self.lam, self.tied)
+        records = []
+        for _ in range(int(steps)):
+            rec = self._train_step(stage, objective)
+            records.append(rec)
+            self.history.append(rec)
+            if self.log_every and (self.stage_step % self.log_every == 0 or _ == int(steps) - 1):
+                self._report(rec)
+            elif self._is_root and hasattr(self._log, "isatty") and self._log.isatty():
+                print(f"\rstage {stage} step {self.stage_step} loss {rec['loss']:.4g}", end="", file=self._log)
+            if self.checkpoint_dir and self.checkpoint_every and self.step % self.checkpoint_every == 0:
+                self.save()
+        return records
+
+    def train(self, steps_per_stage: Sequence[int]) -> None:
+        """Train every stage from the current one on; a resumed run finishes the current stage first."""
+        if len(steps_per_stage) != len(self.network.stages):
+            raise ValueError(f"steps_per_stage needs {len(self.network.stages)} entries, got {len(steps_per_stage)}")
+        for k in range(self.stage, len(self.network.stages)):
+            done = self.stage_step if k == self.stage and self.optimizer is not None else 0
+            self.train_stage(k, max(0, int(steps_per_stage[k]) - done))
+        if self.checkpoint_dir:
+            self.save()
+
+    def _report(self, rec: dict[str, Any]) -> None:
+        comp = max(rec["seconds"] - rec["exchange_seconds"], 0.0)
+        self._say(f"stage {rec['stage']} step {rec['stage_step']} (global {rec['step']}): loss {rec['loss']:.5g} "
+                  f"(reconstruction {rec['reconstruction']:.5g}, sparsity {rec['sparsity']:.5g}); "
+                  f"{rec['images_per_s']:.1f} images/s; compute {comp * 1e3:.1f} ms, exchange "
+                  f"{rec['exchange_seconds'] * 1e3:.1f} ms; lr {rec['lr']:.3g}")
+        if self.metrics_file and self._is_root:
+            with open(self.metrics_file, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+
+    # -- checkpoints ----------------------------------------------------------------
+    def _arrays(self) -> dict[str, tuple]:
+        out = {}
+        for li in self.filter_layers:
+            shape, box = self.plan.weight_box(li)
+            out[f"w/{li}"] = (shape, box, self.params[li])
+            if not self.tied:
+                out[f"w_dec/{li}"] = (shape, box, self.decoders[li])
+        if self.optimizer is not None:
+            shape, box = self.plan.weight_box(self.filter_layers[self.stage])
+            for pname, slots in self.optimizer.state.items():
+                for slot, arr in slots.items():
+                    out[f"opt/{pname}/{slot}"] = (shape, box, arr)
+        return out
+
+    def save(self) -> Path:
+        """Write a checkpoint of everything needed to continue (collective)."""
+        if not self.checkpoint_dir:
+            raise ValueError("no checkpoint_dir was given to the trainer")
+        opt = None
+        if self.optimizer is not None:
+            opt = {k: v for k, v in self.optimizer.state_dict().items() if k != "slots"}
+            opt["slot_names"] = {n: sorted(s) for n, s in self.optimizer.state.items()}
+        meta = {"network": self.network.describe(), "stage": self.stage, "stage_step": self.stage_step,
+                "batch_index": self.batch_index, "step": self.step, "seed": self.seed, "lam": self.lam,
+                "tied": self.tied, "batch": self.batch, "replicas": self.replicas,
+                "grid": list(self.layout.grid.dims), "dtype": self.plan.dtype.name, "optimizer": opt,
+                "skipped": self.skipped, "data": {"kind": type(self.data).__name__, "seed": getattr(self.data, "seed", None),
+                                                  "next_position": self.batch_index * self.batch * self.replicas}}
+        path = checkpoint.save(self.checkpoint_dir, self.step, self.world, self._arrays(), meta,
+                               writer=self.layout.replica == 0, keep=self.keep)
+        self._say(f"checkpoint {path}")
+        return path
+
+    @classmethod
+    def resume(cls, path: str, data: Any, optimizer: Optimizer, *, comm: MPI.Comm, batch: int | None = None,
+               replicas: int = 1, grid: Sequence[int] | None = None, **kw) -> "GreedyTrainer":
+        """A trainer continuing from checkpoint ``path`` (a ``ckpt-*`` folder, or a folder of them:
+        the latest), on any number of ranks and grid.  ``batch`` defaults to keeping the global batch."""
+        p = Path(path)
+        if not (p / "index.json").is_file():
+            found = checkpoint.latest(p)
+            raise_collectively(comm, None if found else f"no completed checkpoint in {p}")
+            p = found
+        meta = checkpoint.read_index(p)["meta"]
+        if batch is None:
+            total = meta["batch"] * meta["replicas"]
+            raise_collectively(comm, None if total % replicas == 0 else
+                               f"the saved global batch {total} does not split over {replicas} replicas: pass batch=")
+            batch = total // replicas
+        kw.setdefault("checkpoint_dir", str(p.parent))
+        tr = cls(Network.from_description(meta["network"]), data, optimizer, comm=comm, batch=batch,
+                 replicas=replicas, grid=grid, lam=meta["lam"], tied=meta["tied"], seed=meta["seed"],
+                 dtype=np.dtype(meta["dtype"]), **kw)
+        wanted = {}
+        for li in tr.filter_layers:
+            wanted[f"w/{li}"] = tr.plan.weight_box(li)[1]
+            if not tr.tied:
+                wanted[f"w_dec/{li}"] = tr.plan.weight_box(li)[1]
+        opt = meta["optimizer"]
+        stage_box = tr.plan.weight_box(tr.filter_layers[meta["stage"]])[1]
+        if opt is not None:
+            for pname, slots in opt["slot_names"].items():
+                for slot in slots:
+                    wanted[f"opt/{pname}/{slot}"] = stage_box
+        arrays = checkpoint.load(p, comm, wanted, dtype=tr.plan.dtype)
+        for li in tr.filter_layers:
+            tr.params[li] = arrays[f"w/{li}"]
+            if not tr.tied:
+                tr.decoders[li] = arrays[f"w_dec/{li}"]
+        tr.stage, tr.stage_step = meta["stage"], meta["stage_step"]
+        tr.batch_index, tr.step, tr.skipped = meta["batch_index"], meta["step"], meta["skipped"]
+        if opt is not None:
+            tr._begin_stage(tr.stage)
+            err = None if opt["kind"] == type(tr.optimizer).__name__ else (
+                f"the checkpoint was trained with {opt['kind']}, the optimizer given is {type(tr.optimizer).__name__}")
+            raise_collectively(comm, err)
+            state = {k: v for k, v in opt.items() if k != "slot_names"}
+            state["slots"] = {n: {s: arrays[f"opt/{n}/{s}"] for s in slots} for n, slots in opt["slot_names"].items()}
+            tr.optimizer.load_state_dict(state)
+        tr._say(f"resumed from {p}: stage {tr.stage}, step {tr.stage_step} of the stage, global step {tr.step}")
+        return tr
