@@ -1,0 +1,70 @@
+"""Checkpoints saved on P ranks load on 1 and 2 ranks (resharding) with identical weights."""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from cotsdl.io import checkpoint
+from cotsdl.nn import Network
+from cotsdl.train import Adam, GreedyTrainer, InMemorySource
+from helpers import P, agree
+from test_trainer_hybrid import DESC
+
+
+def make(comm, grid=None, replicas=1, ckdir=None, batch=4):
+    imgs = np.random.default_rng(0).standard_normal((30, 14, 13, 1)).astype(np.float32)
+    return GreedyTrainer(Network.from_description(DESC), InMemorySource(imgs), Adam(0.01), comm=comm, batch=batch,
+                         replicas=replicas, grid=grid, lam=0.1, log_every=0, checkpoint_dir=ckdir)
+
+
+def test_save_on_p_load_on_1_and_2(comm, tmp_path_factory):
+    folder = comm.bcast(str(tmp_path_factory.mktemp("ck")) if comm.Get_rank() == 0 else None)
+    tr = make(comm, ckdir=folder)
+    tr.train_stage(0, 2)
+    tr.train_stage(1, 1)
+    path = tr.save()
+    ref = [tr.gather_weights(k) for k in range(2)]
+    tr.layout.free()
+    ok = True
+    # one rank alone
+    if comm.Get_rank() == 0:
+        one = GreedyTrainer.resume(path, tr.data, Adam(0.01), comm=MPI.COMM_SELF, log=open("/dev/null", "w"))
+        ok = all(np.array_equal(one.gather_weights(k), ref[k]) for k in range(2))
+        ok = ok and (one.stage, one.stage_step, one.step) == (1, 1, 3) and one.optimizer.t == 1
+        one.layout.free()
+    # two ranks, in a 1x2 grid
+    sub = comm.Split(0 if comm.Get_rank() < 2 else MPI.UNDEFINED, comm.Get_rank())
+    if sub != MPI.COMM_NULL and sub.Get_size() == 2:
+        two = GreedyTrainer.resume(folder, tr.data, Adam(0.01), comm=sub, grid=(1, 2), log=open("/dev/null", "w"))
+        got = [two.gather_weights(k) for k in range(2)]
+        if sub.Get_rank() == 0:
+            ok = ok and all(np.array_equal(got[k], ref[k]) for k in range(2))
+        two.layout.free()
+    if sub != MPI.COMM_NULL:
+        sub.Free()
+    assert agree(comm, ok)
+
+
+def test_interrupted_write_leaves_the_previous_checkpoint(comm, tmp_path_factory, monkeypatch):
+    folder = comm.bcast(str(tmp_path_factory.mktemp("ck2")) if comm.Get_rank() == 0 else None)
+    tr = make(comm, ckdir=folder)
+    tr.train_stage(0, 1)
+    first = tr.save()
+    tr.train_stage(0, 1)
+    import h5py
+
+    real = h5py.File
+
+    def broken(path, mode="r", *a, **k):  # the disk fills up while rank files are written
+        if "w" in mode:
+            raise OSError("No space left on device")
+        return real(path, mode, *a, **k)
+
+    monkeypatch.setattr(h5py, "File", broken)
+    with pytest.raises(OSError, match="No space left"):
+        tr.save()
+    monkeypatch.setattr(h5py, "File", real)
+    assert checkpoint.latest(folder) == first
+    again = GreedyTrainer.resume(folder, tr.data, Adam(0.01), comm=comm, log=open("/dev/null", "w"))
+    assert again.step == 1
+    tr.layout.free()
+    again.layout.free()

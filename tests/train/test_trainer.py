@@ -1,0 +1,129 @@
+"""The trainer as a user drives it: real images, resume after a kill, the numerical guard, bad input."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from cotsdl.nn import Network
+from cotsdl.train import Adam, GreedyTrainer, InMemorySource, Momentum
+
+HERE = Path(__file__).resolve().parent
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+
+NET3 = {"input": [24, 24, 1], "stages": [
+    {"filter": {"size": [5, 5], "stride": [1, 1], "channels": 4}, "pool": {"size": [2, 2], "stride": [2, 2], "eps": 0.01},
+     "lcn": {"size": 3, "sigma": 1.0, "eps": 1e-3}},
+    {"filter": {"size": [3, 3], "stride": [1, 1], "channels": 4}, "pool": {"size": [2, 2], "stride": [1, 1], "eps": 0.01},
+     "lcn": {"size": 3, "sigma": 1.0, "eps": 1e-3}},
+    {"filter": {"size": [3, 3], "stride": [1, 1], "channels": 4}, "pool": {"size": [2, 2], "stride": [1, 1], "eps": 0.01},
+     "lcn": {"size": 3, "sigma": 1.0, "eps": 1e-3}}]}
+
+
+def photo_crops(n=256, size=24, seed=0):
+    """Standardized grayscale crops of the photographs bundled with scikit-image."""
+    skdata = pytest.importorskip("skimage.data", reason="scikit-image is a test dependency")
+    from skimage.color import rgb2gray
+
+    photos = [skdata.camera(), rgb2gray(skdata.astronaut()), rgb2gray(skdata.coffee()), rgb2gray(skdata.chelsea()),
+              rgb2gray(skdata.rocket()), skdata.brick(), skdata.grass()]
+    rng = np.random.default_rng(seed)
+    crops = []
+    for i in range(n):
+        ph = np.asarray(photos[i % len(photos)], dtype=np.float64)
+        r, c = rng.integers(0, ph.shape[0] - size), rng.integers(0, ph.shape[1] - size)
+        x = ph[r:r + size, c:c + size]
+        crops.append((x - x.mean()) / (x.std() + 1e-8))
+    return np.stack(crops)[..., None].astype(np.float32)
+
+
+@pytest.mark.timeout(300)
+def test_every_stage_learns_on_real_images():
+    net = Network.from_description(NET3)
+    tr = GreedyTrainer(net, InMemorySource(photo_crops()), Adam(0.005), comm=MPI.COMM_SELF, batch=16, lam=0.05,
+                       log_every=0)
+    steps = 150
+    tr.train([steps] * 3)
+    for k in range(3):
+        losses = [r["loss"] for r in tr.history if r["stage"] == k]
+        first, last = np.mean(losses[:10]), np.mean(losses[-10:])
+        assert last < 0.7 * first, f"stage {k}: loss {first:.3g} -> {last:.3g}"
+
+
+@pytest.mark.timeout(600)
+def test_resume_after_a_kill_is_bitwise_identical(tmp_path):
+    def job(*args):
+        env = {**os.environ, "MPIEXEC_TIMEOUT": "300"}
+        return subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "mpi4py", str(HERE / "resume_job.py"), *args],
+                              capture_output=True, text=True, env=env, timeout=400)
+
+    ref = job("fresh", "-", str(tmp_path / "ref.npz"))
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    ck = tmp_path / "ck"
+    killed = job("fresh", str(ck), str(tmp_path / "never.npz"), "7")  # dies at step 7; checkpoints at 3 and 6
+    assert killed.returncode != 0 and not (tmp_path / "never.npz").exists()
+    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("ckpt-")) == ["ckpt-000000003", "ckpt-000000006"]
+    resumed = job("resume", str(ck), str(tmp_path / "resumed.npz"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = np.load(tmp_path / "ref.npz"), np.load(tmp_path / "resumed.npz")
+    for k in a.files:
+        assert np.array_equal(a[k], b[k]), f"stage weights {k} differ after resuming"
+
+
+class NaNSource(InMemorySource):
+    def __init__(self, images, bad):
+        super().__init__(images)
+        self.bad = bad
+
+    def read(self, first, count, window):
+        x = super().read(first, count, window)
+        if first // count in self.bad:
+            x[...] = np.nan
+        return x
+
+
+def test_non_finite_steps_are_skipped_then_stop(tmp_path):
+    imgs = np.random.default_rng(0).standard_normal((20, 24, 24, 1))
+    net = Network.from_description(NET3)
+    tr = GreedyTrainer(net, NaNSource(imgs, bad={2}), Momentum(0.01), comm=MPI.COMM_SELF, batch=4, log_every=0,
+                       checkpoint_dir=str(tmp_path), max_bad_steps=3, log=open(os.devnull, "w"))
+    tr.train_stage(0, 4)
+    assert tr.skipped == 1 and all(np.all(np.isfinite(w)) for w in tr.params.values())
+    tr.save()
+    tr.data = NaNSource(imgs, bad=set(range(4, 100)))
+    with pytest.raises(RuntimeError, match="3 consecutive steps with a non-finite loss"):
+        tr.train_stage(0, 10)
+    assert (tmp_path / "ckpt-000000004" / "index.json").is_file()
+
+
+def test_metrics_and_log_lines(tmp_path):
+    import io
+
+    imgs = np.random.default_rng(0).standard_normal((20, 24, 24, 1))
+    buf = io.StringIO()
+    tr = GreedyTrainer(Network.from_description(NET3), InMemorySource(imgs), Adam(0.01), comm=MPI.COMM_SELF, batch=4,
+                       log_every=2, metrics_file=str(tmp_path / "m.jsonl"), log=buf)
+    tr.train_stage(0, 4)
+    assert buf.getvalue().count("stage 0 step") == 2 and "images/s" in buf.getvalue()
+    import json
+
+    rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [r["stage_step"] for r in rows] == [2, 4] and all("reconstruction" in r for r in rows)
+
+
+def test_bad_input_is_named():
+    net = Network.from_description(NET3)
+    with pytest.raises(ValueError, match=r"the data's images are \(8, 8, 1\), the network takes \(24, 24, 1\)"):
+        GreedyTrainer(net, InMemorySource(np.zeros((4, 8, 8, 1))), Adam(0.01), comm=MPI.COMM_SELF, batch=2)
+    with pytest.raises(ValueError, match="batch must be a positive integer"):
+        GreedyTrainer(net, InMemorySource(np.zeros((4, 24, 24, 1))), Adam(0.01), comm=MPI.COMM_SELF, batch=0)
+    with pytest.raises(ValueError, match="images must be"):
+        InMemorySource(np.zeros((4, 24)))
+    tr = GreedyTrainer(net, InMemorySource(np.zeros((4, 24, 24, 1))), Adam(0.01), comm=MPI.COMM_SELF, batch=2)
+    with pytest.raises(ValueError, match="stage must be in"):
+        tr.train_stage(3, 1)
+    with pytest.raises(ValueError, match="no completed checkpoint"):
+        GreedyTrainer.resume("/nonexistent", tr.data, Adam(0.01), comm=MPI.COMM_SELF)
