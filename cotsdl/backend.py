@@ -35,6 +35,11 @@ def array_module(arr: Any):
     return np
 
 
+def to_numpy(arr: Any) -> np.ndarray:
+    """A host copy (or the array itself, if it is already on the host)."""
+    return arr.get() if is_device_array(arr) else np.asarray(arr)
+
+
 def synchronize(arr: Any) -> None:
     """Wait for pending device work on the current stream (no-op for host arrays).
 

@@ -123,6 +123,20 @@ def _compiler_for(arch: str, libs: dict[int, nvrtc.NVRTC]) -> nvrtc.NVRTC | None
     return None
 
 
+def variants(source: str) -> list[list[str]]:
+    """The default build plus every ``// check-kernels variant: -DNAME=VALUE ...`` line of a source.
+
+    Wrappers compile some kernels with other ``#define`` values (tile sizes); each such
+    set is declared in the file so that it is checked too.
+    """
+    out: list[list[str]] = [[]]
+    for line in source.splitlines():
+        m = re.match(r"\s*//\s*check-kernels variant:\s*(.+)$", line)
+        if m:
+            out.append(m.group(1).split())
+    return out
+
+
 def format_table(records: list[dict]) -> str:
     """The printed table: file, kernel, arch, NVRTC, regs, smem, stack, spill st/ld."""
     head = ("file", "kernel", "arch", "nvrtc", "regs", "smem", "stack", "spill st/ld")
@@ -188,20 +202,23 @@ def run(json_path: str | None = None, archs: Iterable[str] | None = None,
             continue
         version = "%d.%d" % nv.version
         for src in sources:
-            # -I the file's folder: a kernel may #include a shared .cuh next to it.
-            opts = [*BASE_OPTIONS, f"--include-path={src.parent.resolve()}", *options]
-            try:
-                result = nv.compile(src.read_text(), src.name, arch, opts)
-            except nvrtc.CompileError as e:
-                log(str(e))
-                first = next((ln for ln in e.log.splitlines() if "error" in ln), "see the log above")
-                failures.append(f"{src.name}: compile error for {arch} (NVRTC {version}): {first.strip()}")
-                continue
-            for line in result.log.splitlines():
-                if line.strip() and not line.startswith("ptxas") and line not in [w["text"] for w in warnings]:
-                    warnings.append({"file": src.name, "arch": arch, "text": line})
-            for rec in parse_ptxas_log(result.log, arch):
-                records.append({"file": src.name, "kernel": rec["symbol"], **rec, "nvrtc": version})
+            text = src.read_text()
+            for variant in variants(text):
+                label = src.name if not variant else f"{src.name} [{' '.join(variant)}]"
+                # -I the file's folder: a kernel may #include a shared .cuh next to it.
+                opts = [*BASE_OPTIONS, f"--include-path={src.parent.resolve()}", *options, *variant]
+                try:
+                    result = nv.compile(text, src.name, arch, opts)
+                except nvrtc.CompileError as e:
+                    log(str(e))
+                    first = next((ln for ln in e.log.splitlines() if "error" in ln), "see the log above")
+                    failures.append(f"{label}: compile error for {arch} (NVRTC {version}): {first.strip()}")
+                    continue
+                for line in result.log.splitlines():
+                    if line.strip() and not line.startswith("ptxas") and line not in [w["text"] for w in warnings]:
+                        warnings.append({"file": label, "arch": arch, "text": line})
+                for rec in parse_ptxas_log(result.log, arch):
+                    records.append({"file": label, "kernel": rec["symbol"], **rec, "nvrtc": version})
     records.sort(key=lambda r: (r["file"], _arch_number(r["arch"]), not r["entry"], r["symbol"]))
     names = _demangle(r["symbol"] for r in records)
     for r in records:

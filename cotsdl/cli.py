@@ -6,6 +6,7 @@ an exception on one rank aborts every rank instead of leaving the others waiting
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -35,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     em.add_argument("--json", metavar="FILE", help="write the results as JSON")
     la = bsub.add_parser("layers", help="filter/pool/LCN speed of the numpy backend vs the same run's sgemm")
     la.add_argument("--repeats", type=int, default=10)
+    la.add_argument("--backend", choices=["numpy", "cuda", "cuda-emu"], default="numpy",
+                    help="numpy (CPU), cuda (GPU kernels through CuPy) or cuda-emu (the kernels on the emulator)")
     la.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     la.add_argument("--threads", type=int, help="threads of the numpy backend (default: all cores)")
     la.add_argument("--min-time", type=float, default=0.2, help="seconds of repeats per operation at least (default 0.2)")
@@ -87,7 +90,8 @@ def _bench_layers(args) -> int:
         raise ValueError(err)
     if args.threads is not None:
         ops.set_num_threads(args.threads)
-    res = layers.run(args.repeats, np.dtype(args.dtype), min_time=args.min_time)
+    os.environ["COTSDL_BACKEND"] = args.backend
+    res = layers.run(args.repeats, np.dtype(args.dtype), min_time=args.min_time, backend_name=args.backend)
     if args.json:
         common.write_json(args.json, res)
         print(f"wrote {args.json}")

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import ops
+from .. import backend, ops
 from ..array.box import Box
 from ..array.rfmap import RFMap
 from ..ops import costs
@@ -22,6 +22,11 @@ from ..ops import normalization as _lcn
 from ..ops._args import pair
 
 Reduce = Callable[[np.ndarray], np.ndarray]
+
+
+def _zeros(like: Any, shape) -> Any:
+    """Zeros of ``shape`` in the array library and dtype of ``like`` (NumPy or CuPy)."""
+    return backend.array_module(like).zeros(tuple(shape), like.dtype)
 
 
 @dataclass
@@ -77,12 +82,12 @@ class LocalFilter:
 
     def forward_local(self, x: np.ndarray, ctx: Context):
         if ctx.out.is_empty:
-            return np.zeros(ctx.out.shape, x.dtype), None
+            return _zeros(x, ctx.out.shape), None
         return ops.local_filter(x, ctx.params, self.stride, self.block), None
 
     def backward_local(self, dy: np.ndarray, x: np.ndarray, y: np.ndarray, cache, ctx: Context):
         if ctx.out.is_empty:
-            return np.zeros(ctx.window.shape, dy.dtype), np.zeros(ctx.params.shape, dy.dtype)
+            return _zeros(dy, ctx.window.shape), _zeros(dy, ctx.params.shape)
         dx = ops.local_filter_backward_data(dy, ctx.params, self.stride, self.block, input_shape=x.shape)
         dw = ops.local_filter_backward_weights(x, dy, self.size, self.stride, self.block)
         return dx, dw
@@ -121,12 +126,12 @@ class L2Pool:
 
     def forward_local(self, x: np.ndarray, ctx: Context):
         if ctx.out.is_empty:
-            return np.zeros(ctx.out.shape, x.dtype), None
+            return _zeros(x, ctx.out.shape), None
         return ops.l2_pool(x, self.size, self.stride, self.eps), None
 
     def backward_local(self, dy, x, y, cache, ctx: Context):
         if ctx.out.is_empty:
-            return np.zeros(ctx.window.shape, dy.dtype), None
+            return _zeros(dy, ctx.window.shape), None
         return ops.l2_pool_backward(dy, x, y, self.size, self.stride), None
 
 
@@ -172,15 +177,15 @@ class LCN:
     def forward_local(self, x: np.ndarray, ctx: Context):
         win, out = self._boxes(ctx)
         if ctx.out.is_empty:  # no pixels, but the group reduction must still be joined
-            x = np.zeros((0, 0) + tuple(ctx.in_shape[2:]), x.dtype)
+            x = _zeros(x, (0, 0) + tuple(ctx.in_shape[2:]))
         y, cache = _lcn.forward_local(x, win, out, ctx.in_shape[:2], self.size, self.sigma, self.eps, ctx.allreduce)
-        return y if not ctx.out.is_empty else np.zeros(ctx.out.shape, x.dtype), cache
+        return y if not ctx.out.is_empty else _zeros(x, ctx.out.shape), cache
 
     def backward_local(self, dy, x, y, cache, ctx: Context):
         if ctx.out.is_empty:
-            dy = np.zeros((0, 0) + tuple(ctx.in_shape[2:]), dy.dtype)
+            dy = _zeros(dy, (0, 0) + tuple(ctx.in_shape[2:]))
         dx = _lcn.backward_local(dy, cache, ctx.allreduce)
-        return (dx if not ctx.out.is_empty else np.zeros(ctx.window.shape, dy.dtype)), None
+        return (dx if not ctx.out.is_empty else _zeros(dy, ctx.window.shape)), None
 
 
 LAYER_KINDS = {"filter": LocalFilter, "pool": L2Pool, "lcn": LCN}

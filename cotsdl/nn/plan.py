@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from .. import backend
 from ..array.box import Box
 from ..array.distarray import DistArray
 from ..array.exchange import ExchangePlan
@@ -91,10 +92,11 @@ class NetworkPlan:
         return DistArray(self.grid.comm, self.network.input_shape + (self.batch,), self.input_owned,
                          self.input_owned, data=data, dtype=self.dtype)
 
-    def _allreduce(self, a: np.ndarray) -> np.ndarray:
-        a = np.ascontiguousarray(a)
-        self.grid.comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
-        return a
+    def _allreduce(self, a: Any) -> Any:
+        # Per-image sums of N numbers: staging through the host costs nothing here.
+        host = np.ascontiguousarray(backend.to_numpy(a))
+        self.grid.comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
+        return backend.array_module(a).asarray(host)
 
     def _ctx(self, lp: LayerPlan, params: dict[int, np.ndarray] | None) -> Context:
         return Context(lp.in_shape, lp.window, lp.out, self._allreduce,
@@ -105,8 +107,9 @@ class NetworkPlan:
         """Output of layers ``[0, upto)`` (all by default) on this rank's owned box, and the tape."""
         tape = Tape([], [], [])
         cur = x
+        xp = backend.array_module(x.data)
         for lp in self.layers[:upto]:
-            win = DistArray(cur.comm, lp.in_shape, lp.window, data=np.empty(lp.window.shape, self.dtype))
+            win = DistArray(cur.comm, lp.in_shape, lp.window, data=xp.empty(lp.window.shape, self.dtype))
             lp.exchange.exchange(cur, win, validate=False)
             y, cache = lp.layer.forward_local(win.data, self._ctx(lp, params))
             if y.dtype != self.dtype or y.shape != lp.out.shape:  # numpy 2 promotes silently
@@ -120,6 +123,7 @@ class NetworkPlan:
     def backward(self, dy: DistArray, tape: Tape, params: dict[int, np.ndarray]) -> tuple[DistArray, dict[int, np.ndarray]]:
         """Gradients w.r.t. the input (owned layout) and the weights, from dy on the owned output."""
         grads: dict[int, np.ndarray] = {}
+        xp = backend.array_module(dy.data)
         cur = dy
         for lp in reversed(self.layers[:len(tape.inputs)]):
             i = lp.index
@@ -128,7 +132,7 @@ class NetworkPlan:
             if dw is not None:
                 grads[i] = dw
             dwin = DistArray(cur.comm, lp.in_shape, lp.window, data=dx.astype(self.dtype, copy=False))
-            prev = DistArray(cur.comm, lp.in_shape, lp.src_owned, lp.src_owned, data=np.empty(lp.src_owned.shape, self.dtype))
+            prev = DistArray(cur.comm, lp.in_shape, lp.src_owned, lp.src_owned, data=xp.empty(lp.src_owned.shape, self.dtype))
             lp.exchange.exchange_adjoint(dwin, prev, validate=False)
             cur = prev
         return cur, grads

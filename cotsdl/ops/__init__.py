@@ -1,7 +1,9 @@
 """Functional operations on (H, W, C, N) arrays: filter, L2 pool, LCN, forward and backward.
 
 Array in, array out, float32 or float64; the math is DESIGN.md section 3.  They
-dispatch on the array type (NumPy now; CuPy arrays once the CUDA kernels land).
+dispatch on the array type: NumPy arrays run on the numpy backend, CuPy arrays on the
+CUDA kernels (``cuda/``); with ``COTSDL_BACKEND=cuda-emu`` NumPy arrays run through the
+CUDA kernels on the CPU emulator.
 ``ops`` knows nothing of MPI: distribution is orchestrated by ``cotsdl.nn``.  It
 uses only the pure index algebra of ``cotsdl.array.box``.
 
@@ -29,7 +31,7 @@ import numpy as np
 
 from .. import backend
 from ..array.box import Box
-from . import _args, filtering as _filter, normalization as _lcn, pooling as _pool
+from . import _args, cudakernels as _cuda, filtering as _filter, normalization as _lcn, pooling as _pool
 from .costs import Cost
 from .parallel import num_threads, set_num_threads
 
@@ -37,26 +39,28 @@ __all__ = ["local_filter", "local_filter_backward_data", "local_filter_backward_
            "l2_pool_backward", "lcn", "lcn_backward", "Cost", "num_threads", "set_num_threads"]
 
 
-def _host_only(*arrays: Any) -> None:
-    if any(backend.is_device_array(a) for a in arrays):
-        raise NotImplementedError("cotsdl.ops has no CUDA kernels yet: pass NumPy arrays "
-                                  "(the CuPy backend arrives with the layer kernels)")
+def _kernels(*arrays: Any) -> bool:
+    """Run on the CUDA kernels (CuPy arrays, or COTSDL_BACKEND=cuda-emu)?"""
+    dev = [backend.is_device_array(a) for a in arrays]
+    if any(dev) and not all(dev):
+        raise ValueError("arrays must all be host (NumPy) or all device (CuPy) arrays")
+    return backend.uses_kernels(arrays[0])
 
 
 def local_filter(x, w, stride, block=(1, 1)):
     """Block locally-connected filter: y (SH*bh, SW*bw, K, N) from x (H, W, C, N), w (SH, SW, M, rh, rw, C)."""
     _args.activations("x", x)
     _args.same_dtype(x=x, w=w)
-    _host_only(x, w)
-    return _filter.forward(x, w, _args.pair("stride", stride), _args.pair("block", block))
+    impl = _cuda.filter_forward if _kernels(x, w) else _filter.forward
+    return impl(x, w, _args.pair("stride", stride), _args.pair("block", block))
 
 
 def local_filter_backward_data(dy, w, stride, block=(1, 1), *, input_shape: Sequence[int]):
     """Gradient w.r.t. x (shape ``input_shape[:2] + (C, N)``), i.e. the filter's adjoint applied to dy."""
     _args.activations("dy", dy)
     _args.same_dtype(dy=dy, w=w)
-    _host_only(dy, w)
-    return _filter.backward_data(dy, w, _args.pair("stride", stride), _args.pair("block", block), input_shape)
+    impl = _cuda.filter_backward_data if _kernels(dy, w) else _filter.backward_data
+    return impl(dy, w, _args.pair("stride", stride), _args.pair("block", block), input_shape)
 
 
 def local_filter_backward_weights(x, dy, size, stride, block=(1, 1)):
@@ -64,31 +68,29 @@ def local_filter_backward_weights(x, dy, size, stride, block=(1, 1)):
     _args.activations("x", x)
     _args.activations("dy", dy)
     _args.same_dtype(x=x, dy=dy)
-    _host_only(x, dy)
-    return _filter.backward_weights(x, dy, _args.pair("size", size), _args.pair("stride", stride),
-                                    _args.pair("block", block))
+    impl = _cuda.filter_backward_weights if _kernels(x, dy) else _filter.backward_weights
+    return impl(x, dy, _args.pair("size", size), _args.pair("stride", stride), _args.pair("block", block))
 
 
 def l2_pool(x, size, stride, eps):
     """L2 pooling: y (PH, PW, C, N) = sqrt(eps + window sums of x^2)."""
     _args.activations("x", x)
-    _host_only(x)
     size = _args.pair("size", size)
     _args.fits("pooling size", x.shape[:2], size)
-    return _pool.forward(x, size, _args.pair("stride", stride), _args.nonneg("eps", eps))
+    impl = _cuda.pool_forward if _kernels(x) else _pool.forward
+    return impl(x, size, _args.pair("stride", stride), _args.nonneg("eps", eps))
 
 
 def l2_pool_backward(dy, x, y, size, stride):
     """Gradient w.r.t. x given dy, the input x and the output y of :func:`l2_pool`."""
     _args.activations("x", x)
     _args.same_dtype(dy=dy, x=x, y=y)
-    _host_only(dy, x, y)
-    return _pool.backward(dy, x, y, _args.pair("size", size), _args.pair("stride", stride))
+    impl = _cuda.pool_backward if _kernels(dy, x, y) else _pool.backward
+    return impl(dy, x, y, _args.pair("size", size), _args.pair("stride", stride))
 
 
 def _lcn_args(x, size, sigma, eps) -> tuple[int, float, float]:
     _args.activations("x", x)
-    _host_only(x)
     if not isinstance(size, (int, np.integer)) or size < 1 or size % 2 == 0:
         raise ValueError(f"size must be an odd positive integer (the window width), got {size!r}")
     if not float(sigma) > 0:

@@ -22,7 +22,9 @@ from typing import Callable
 
 import numpy as np
 
+from .. import backend
 from ..array.box import Box, grow
+from . import cudakernels
 
 Reduce = Callable[[np.ndarray], np.ndarray]
 
@@ -70,25 +72,33 @@ def smooth(u: np.ndarray, u_box: Box, out: Box, image: Box, g1: np.ndarray) -> n
     """
     rho = len(g1) // 2
     if out.is_empty:
-        return np.zeros(out.shape + u.shape[2:], u.dtype)
+        return backend.array_module(u).zeros(out.shape + u.shape[2:], u.dtype)
+    zr, zc = (_border_weight(out.lo[a], out.hi[a], image.hi[a], g1) for a in (0, 1))
+    if backend.uses_kernels(u):  # two passes of cuda/lcn.cu, the second divides by Z
+        mid = Box((out.lo[0], u_box.lo[1]), (out.hi[0], u_box.hi[1]))
+        rows = cudakernels.corr_axis(u, u_box, mid, image.hi, g1, 0)
+        return cudakernels.corr_axis(rows, mid, out, image.hi, g1, 1, z=(zr, zc))
     g = g1.astype(u.dtype)
     padded = _embed(u, u_box, _widen(out, rho), image)
     r = _corr(_corr(padded, g, 0, out.shape[0]), g, 1, out.shape[1])
-    z = np.outer(_border_weight(out.lo[0], out.hi[0], image.hi[0], g1),
-                 _border_weight(out.lo[1], out.hi[1], image.hi[1], g1)).astype(u.dtype)
+    z = np.outer(zr, zc).astype(u.dtype)
     return r / z.reshape(z.shape + (1,) * (u.ndim - 2))
 
 
 def smooth_adjoint(u: np.ndarray, out: Box, target: Box, image: Box, g1: np.ndarray) -> np.ndarray:
     """Transpose of :func:`smooth`: ``u`` on ``out`` -> its contributions on ``target``."""
     rho = len(g1) // 2
-    res = np.zeros(target.shape + u.shape[2:], u.dtype)
-    if out.is_empty:
-        return res
+    xp = backend.array_module(u)
+    if out.is_empty or target.is_empty:
+        return xp.zeros(target.shape + u.shape[2:], u.dtype)
     g = g1.astype(u.dtype)
     z = np.outer(_border_weight(out.lo[0], out.hi[0], image.hi[0], g1),
                  _border_weight(out.lo[1], out.hi[1], image.hi[1], g1)).astype(u.dtype)
-    t = u / z.reshape(z.shape + (1,) * (u.ndim - 2))
+    t = u / xp.asarray(z.reshape(z.shape + (1,) * (u.ndim - 2)))
+    if backend.uses_kernels(u):  # g is symmetric: the transpose is the same two passes
+        mid = Box((target.lo[0], out.lo[1]), (target.hi[0], out.hi[1]))
+        return cudakernels.corr_axis(cudakernels.corr_axis(t, out, mid, image.hi, g1, 0), mid, target, image.hi, g1, 1)
+    res = np.zeros(target.shape + u.shape[2:], u.dtype)
     spread = _widen(out, rho)
     padded = _embed(t, out, _widen(out, 2 * rho), out)
     # g is symmetric, so correlating with it is convolving with it.
@@ -117,6 +127,7 @@ class LCNCache:
 def forward_local(x: np.ndarray, x_box: Box, out: Box, image_hw: tuple[int, int], size: int, sigma: float,
                   eps: float, allreduce: Reduce | None = None) -> tuple[np.ndarray, LCNCache]:
     """LCN of the image restricted to ``out`` (2-D spatial boxes); x is (h, w, C, N) on ``x_box``."""
+    xp = backend.array_module(x)
     C = x.shape[2]
     rho = size // 2
     g1 = gaussian(size, sigma)
@@ -128,12 +139,12 @@ def forward_local(x: np.ndarray, x_box: Box, out: Box, image_hw: tuple[int, int]
     mu1 = smooth(x.sum(axis=2) * inv_c, x_box, r1, image, g1)
     v1 = x[r1.slices_in(x_box)] - mu1[:, :, None, :]
     q1 = (v1 * v1).sum(axis=2) * inv_c
-    s = np.sqrt(smooth(q1, r1, out, image, g1))
+    s = xp.sqrt(smooth(q1, r1, out, image, g1))
     total = s.sum(axis=(0, 1))
     if allreduce is not None:
         total = allreduce(total)
     m = (total / x.dtype.type(image.size)).astype(x.dtype)
-    d = np.maximum(np.maximum(s, m), x.dtype.type(eps))
+    d = xp.maximum(xp.maximum(s, m), x.dtype.type(eps))
     y = v1[out.slices_in(r1)] / d[:, :, None, :]
     return y, LCNCache(x_box, out, r1, image, g1, v1, s, m, d, eps)
 
@@ -141,6 +152,7 @@ def forward_local(x: np.ndarray, x_box: Box, out: Box, image_hw: tuple[int, int]
 def backward_local(dy: np.ndarray, cache: LCNCache, allreduce: Reduce | None = None) -> np.ndarray:
     """dx on the input window ``cache.x_box``, given dy on ``cache.out``."""
     c = cache
+    xp = backend.array_module(dy)
     C = dy.shape[2]
     dt = dy.dtype.type
     inv_c = dt(1.0 / C)
@@ -149,18 +161,18 @@ def backward_local(dy: np.ndarray, cache: LCNCache, allreduce: Reduce | None = N
     dd = -(dy * v0).sum(axis=2) / (c.d * c.d)
     s_wins = (c.s >= c.m) & (c.s >= dt(c.eps))
     m_wins = ~s_wins & (c.m >= dt(c.eps))
-    ds = np.where(s_wins, dd, dt(0))
-    dm = np.where(m_wins, dd, dt(0)).sum(axis=(0, 1))
+    ds = xp.where(s_wins, dd, dt(0))
+    dm = xp.where(m_wins, dd, dt(0)).sum(axis=(0, 1))
     if allreduce is not None:
         dm = allreduce(dm)
     ds += (dm / dt(c.image.size)).astype(dy.dtype)
     with np.errstate(divide="ignore", invalid="ignore"):
-        du = np.where(c.s > 0, ds / (dt(2) * c.s), dt(0))
+        du = xp.where(c.s > 0, ds / (dt(2) * c.s), dt(0))
     dq1 = smooth_adjoint(du, c.out, c.r1, c.image, c.g1)
     dv1 = (dt(2) * inv_c) * c.v1 * dq1[:, :, None, :]
     dv1[c.out.slices_in(c.r1)] += dv0
     dx_shape = c.x_box.shape + dy.shape[2:]
-    dx = np.zeros(dx_shape, dy.dtype)
+    dx = xp.zeros(dx_shape, dy.dtype)
     dx[c.r1.slices_in(c.x_box)] += dv1
     dmu1 = -dv1.sum(axis=2)
     dx += (smooth_adjoint(dmu1, c.r1, c.x_box, c.image, c.g1) * inv_c)[:, :, None, :]

@@ -1,0 +1,119 @@
+"""The CUDA backend of the operations: wrappers that check, allocate and launch the kernels
+of ``cuda/filter.cu`` and ``cuda/pool.cu`` (on a GPU through CuPy, or on NumPy arrays
+through the emulator with ``COTSDL_BACKEND=cuda-emu``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import backend
+from .filtering import check_weights
+
+_SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
+THREADS = 256
+MAX_BLOCKS = 4096  # grid-stride kernels: enough blocks to fill a GPU
+
+
+def _suffix(a: Any) -> str:
+    return _SUFFIX[np.dtype(a.dtype)]
+
+
+def _contig(a: Any) -> Any:
+    return backend.array_module(a).ascontiguousarray(a)
+
+
+def _tiles(m: int, n: int) -> tuple[int, int]:
+    """GEMM tile (TM, TN): small products get small tiles so fewer threads idle."""
+    return (16 if m <= 16 else 32 if m <= 32 else 64), (32 if n <= 32 else 64)
+
+
+def _gemm_launch(name: str, like: Any, rows: int, cols: int, blocks: int, args: tuple) -> None:
+    tm, tn = _tiles(rows, cols)
+    k = backend.kernel(f"{'filter.cu'}", f"{name}_{_suffix(like)}", {"TM": tm, "TN": tn},
+                       device_array=backend.is_device_array(like))
+    grid = (blocks, -(-rows // tm), -(-cols // tn))
+    backend.launch(k, grid, (tn // 4, tm // 4), args)
+
+
+def _geom(H, W, C, N, SH, SW, rh, rw, stride, block, K) -> tuple:
+    return tuple(np.int32(v) for v in (H, W, C, N, SH, SW, rh, rw, stride[0], stride[1], block[0], block[1], K))
+
+
+def filter_forward(x: Any, w: Any, stride: tuple[int, int], block: tuple[int, int]) -> Any:
+    SH, SW, M, rh, rw, C, K = check_weights(x.shape, w, stride, block)
+    H, W, _, N = x.shape
+    xp = backend.array_module(x)
+    y = xp.empty((SH * block[0], SW * block[1], K, N), x.dtype)
+    _gemm_launch("filter_fwd", x, M, N, SH * SW, (_contig(x), _contig(w), y) + _geom(H, W, C, N, SH, SW, rh, rw, stride, block, K))
+    return y
+
+
+def filter_backward_data(dy: Any, w: Any, stride: tuple[int, int], block: tuple[int, int], input_shape) -> Any:
+    H, W = int(input_shape[0]), int(input_shape[1])
+    SH, SW, M, rh, rw, C, K = check_weights((H, W, w.shape[5]), w, stride, block)
+    N = dy.shape[3]
+    if tuple(dy.shape[:3]) != (SH * block[0], SW * block[1], K):
+        raise ValueError(f"dy has shape {tuple(dy.shape[:3])} (+N), expected {(SH * block[0], SW * block[1], K)} for these weights")
+    xp = backend.array_module(dy)
+    dx = xp.empty((H, W, C, N), dy.dtype)
+    _gemm_launch("filter_bwd_data", dy, C, N, H * W, (_contig(dy), _contig(w), dx) + _geom(H, W, C, N, SH, SW, rh, rw, stride, block, K))
+    return dx
+
+
+def filter_backward_weights(x: Any, dy: Any, size: tuple[int, int], stride: tuple[int, int], block: tuple[int, int]) -> Any:
+    H, W, C, N = x.shape
+    rh, rw = size
+    SH, SW = (H - rh) // stride[0] + 1, (W - rw) // stride[1] + 1
+    if dy.shape[0] != SH * block[0] or dy.shape[1] != SW * block[1] or dy.shape[3] != N:
+        raise ValueError(f"dy has shape {tuple(dy.shape)}, expected ({SH * block[0]}, {SW * block[1]}, K, {N}) for x "
+                         f"{tuple(x.shape)}, size {size}, stride {stride}, block {block}")
+    K = dy.shape[2]
+    M, R = block[0] * block[1] * K, rh * rw * C
+    xp = backend.array_module(x)
+    dw = xp.empty((SH, SW, M, rh, rw, C), x.dtype)
+    _gemm_launch("filter_bwd_weights", x, M, R, SH * SW, (_contig(x), _contig(dy), dw) + _geom(H, W, C, N, SH, SW, rh, rw, stride, block, K))
+    return dw
+
+
+def _grid(total: int) -> tuple[int]:
+    return (max(1, min(MAX_BLOCKS, -(-total // THREADS))),)
+
+
+def pool_forward(x: Any, size, stride, eps: float) -> Any:
+    H, W, C, N = x.shape
+    PH, PW = (H - size[0]) // stride[0] + 1, (W - size[1]) // stride[1] + 1
+    y = backend.array_module(x).empty((PH, PW, C, N), x.dtype)
+    k = backend.kernel("pool.cu", f"l2pool_fwd_{_suffix(x)}", device_array=backend.is_device_array(x))
+    ints = tuple(np.int32(v) for v in (H, W, C, N, size[0], size[1], stride[0], stride[1], PH, PW))
+    backend.launch(k, _grid(y.size), (THREADS,), (_contig(x), y) + ints + (np.dtype(x.dtype).type(eps),))
+    return y
+
+
+def pool_backward(dy: Any, x: Any, y: Any, size, stride) -> Any:
+    H, W, C, N = x.shape
+    PH, PW = y.shape[:2]
+    dx = backend.array_module(x).empty(x.shape, x.dtype)
+    k = backend.kernel("pool.cu", f"l2pool_bwd_{_suffix(x)}", device_array=backend.is_device_array(x))
+    ints = tuple(np.int32(v) for v in (H, W, C, N, size[0], size[1], stride[0], stride[1], PH, PW))
+    backend.launch(k, _grid(dx.size), (THREADS,), (_contig(dy), _contig(x), _contig(y), dx) + ints)
+    return dx
+
+
+def corr_axis(u: Any, u_box, out_box, image_hw, g1: np.ndarray, axis: int, z: tuple[Any, Any] | None = None) -> Any:
+    """One separable Gaussian pass of LCN over ``out_box`` (see ``cuda/lcn.cu``); 2-D boxes."""
+    xp = backend.array_module(u)
+    N = u.shape[2]
+    out = xp.empty(out_box.shape + (N,), u.dtype)
+    if out.size == 0:
+        return out
+    dt = np.dtype(u.dtype)
+    g = xp.asarray(g1.astype(dt))
+    zr, zc = (xp.asarray(z[0].astype(dt)), xp.asarray(z[1].astype(dt))) if z is not None else (g, g)
+    k = backend.kernel("lcn.cu", f"lcn_corr_axis_{_suffix(u)}", device_array=backend.is_device_array(u))
+    ints = tuple(np.int32(v) for v in (u_box.lo[0], u_box.lo[1], u_box.shape[0], u_box.shape[1], out_box.lo[0],
+                                       out_box.lo[1], out_box.shape[0], out_box.shape[1], N, axis, len(g1),
+                                       image_hw[0], image_hw[1], 1 if z is not None else 0))
+    backend.launch(k, _grid(out.size), (THREADS,), (_contig(u), out, g, zr, zc) + ints)
+    return out

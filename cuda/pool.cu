@@ -1,0 +1,57 @@
+// L2 pooling (DESIGN.md section 3), forward and backward.
+//
+// Layouts (C-contiguous, N fastest): x (H, W, C, N); y (PH, PW, C, N) with
+//   y[i][j][c][n] = sqrt(eps + sum_{p<ph, q<pw} x[i*qh+p][j*qw+q][c][n]^2).
+// Threads: one per output element (forward) or input element (backward), a
+// grid-stride loop over the linear index, n fastest, so loads and stores coalesce.
+// Backward is a gather: each input element sums dy/y over the windows that cover it
+// (no atomics); y == 0 contributes nothing.
+
+template <typename T>
+__device__ void pool_fwd(const T* __restrict__ x, T* __restrict__ y, int H, int W, int C, int N, int ph, int pw,
+                         int qh, int qw, int PH, int PW, T eps) {
+    const long long total = (long long)PH * PW * C * N;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += (long long)gridDim.x * blockDim.x) {
+        const int n = e % N, c = (e / N) % C, j = (e / ((long long)N * C)) % PW, i = e / ((long long)N * C * PW);
+        T acc = eps;
+        for (int p = 0; p < ph; ++p)
+            for (int q = 0; q < pw; ++q) {
+                const T v = x[(((long long)(i * qh + p) * W + (j * qw + q)) * C + c) * N + n];
+                acc += v * v;
+            }
+        y[e] = sqrt(acc);
+    }
+}
+
+template <typename T>
+__device__ void pool_bwd(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y,
+                         T* __restrict__ dx, int H, int W, int C, int N, int ph, int pw, int qh, int qw, int PH, int PW) {
+    const long long total = (long long)H * W * C * N;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += (long long)gridDim.x * blockDim.x) {
+        const int n = e % N, c = (e / N) % C, b = (e / ((long long)N * C)) % W, a = e / ((long long)N * C * W);
+        // windows i with i*qh <= a < i*qh + ph
+        const int i_lo = max(0, (a - ph + qh) / qh), i_hi = min(PH - 1, a / qh);
+        const int j_lo = max(0, (b - pw + qw) / qw), j_hi = min(PW - 1, b / qw);
+        T g = T(0);
+        for (int i = i_lo; i <= i_hi; ++i)
+            for (int j = j_lo; j <= j_hi; ++j) {
+                const long long o = (((long long)i * PW + j) * C + c) * N + n;
+                const T v = y[o];
+                if (v > T(0)) g += dy[o] / v;
+            }
+        dx[e] = g * x[e];
+    }
+}
+
+#define COTSDL_POOL_INSTANCES(T, SUF)                                                                       \
+    extern "C" __global__ void l2pool_fwd_##SUF(const T* __restrict__ x, T* __restrict__ y, int H, int W,     \
+            int C, int N, int ph, int pw, int qh, int qw, int PH, int PW, T eps) {                           \
+        pool_fwd<T>(x, y, H, W, C, N, ph, pw, qh, qw, PH, PW, eps);                                          \
+    }                                                                                                        \
+    extern "C" __global__ void l2pool_bwd_##SUF(const T* __restrict__ dy, const T* __restrict__ x,             \
+            const T* __restrict__ y, T* __restrict__ dx, int H, int W, int C, int N, int ph, int pw, int qh,  \
+            int qw, int PH, int PW) {                                                                        \
+        pool_bwd<T>(dy, x, y, dx, H, W, C, N, ph, pw, qh, qw, PH, PW);                                       \
+    }
+COTSDL_POOL_INSTANCES(float, f32)
+COTSDL_POOL_INSTANCES(double, f64)

@@ -1,0 +1,99 @@
+"""Every layer kernel, driven through the CUDA backend's own wrappers on the emulator
+(COTSDL_BACKEND=cuda-emu), equals the numpy backend, in both thread orders."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cotsdl import ops
+from cotsdl.cudaemu import asan_environment
+
+ORDERS = ["forward", "reverse"]
+FILTER_CASES = [  # (H, W, C, N), size, stride, block, K
+    ((9, 8, 3, 4), (3, 3), (2, 2), (1, 1), 2),
+    ((10, 7, 1, 1), (4, 2), (3, 2), (2, 1), 3),        # C = 1, N = 1, strides that do not divide
+    ((8, 9, 2, 37), (5, 4), (1, 2), (2, 3), 1),        # blocks, N not a multiple of the tile
+    ((6, 6, 2, 70), (6, 6), (1, 1), (1, 1), 20),       # one site, M > 16, N > 64
+    ((11, 13, 5, 3), (3, 5), (4, 3), (3, 2), 6),       # M = 36 > 32
+]
+
+
+def both(fn):
+    """fn() on the numpy backend and on the emulated CUDA backend."""
+    os.environ["COTSDL_BACKEND"] = "numpy"
+    ref = fn()
+    os.environ["COTSDL_BACKEND"] = "cuda-emu"
+    try:
+        got = fn()
+    finally:
+        os.environ["COTSDL_BACKEND"] = "numpy"
+    return ref, got
+
+
+@pytest.fixture(autouse=True)
+def order(request, monkeypatch):
+    monkeypatch.setenv("COTSDL_EMU_ORDER", getattr(request, "param", "forward"))
+    monkeypatch.setenv("COTSDL_BACKEND", "numpy")
+
+
+def close(ref, got, dtype):
+    assert got.dtype == ref.dtype == dtype and got.shape == ref.shape
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    scale = max(float(np.abs(ref).max()), 1e-30)
+    assert float(np.abs(got - ref).max()) <= tol * scale
+
+
+@pytest.mark.parametrize("order", ORDERS, indirect=True)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", FILTER_CASES)
+def test_filter_kernels(case, dtype, order):
+    shape, size, stride, block, K = case
+    rng = np.random.default_rng(sum(shape))
+    H, W, C, N = shape
+    SH, SW = (H - size[0]) // stride[0] + 1, (W - size[1]) // stride[1] + 1
+    x = rng.standard_normal(shape).astype(dtype)
+    w = rng.standard_normal((SH, SW, block[0] * block[1] * K, size[0], size[1], C)).astype(dtype)
+    dy = rng.standard_normal((SH * block[0], SW * block[1], K, N)).astype(dtype)
+    close(*both(lambda: ops.local_filter(x, w, stride, block)), dtype)
+    close(*both(lambda: ops.local_filter_backward_data(dy, w, stride, block, input_shape=x.shape)), dtype)
+    close(*both(lambda: ops.local_filter_backward_weights(x, dy, size, stride, block)), dtype)
+
+
+@pytest.mark.parametrize("order", ORDERS, indirect=True)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape, size, stride, eps", [((8, 7, 3, 4), (2, 2), (2, 2), 0.01), ((9, 10, 1, 1), (3, 2), (2, 3), 0.0),
+                                                     ((7, 6, 2, 33), (3, 3), (1, 2), 1e-3)])
+def test_pool_kernels(shape, size, stride, eps, dtype, order):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(shape).astype(dtype)
+    x[0, 0] = 0  # a zero window element
+    y = ops.l2_pool(x, size, stride, eps)
+    dy = rng.standard_normal(y.shape).astype(dtype)
+    close(*both(lambda: ops.l2_pool(x, size, stride, eps)), dtype)
+    close(*both(lambda: ops.l2_pool_backward(dy, x, y, size, stride)), dtype)
+
+
+@pytest.mark.parametrize("order", ORDERS, indirect=True)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape, size, sigma", [((7, 6, 2, 3), 3, 1.0), ((9, 8, 3, 2), 5, 1.5), ((5, 11, 1, 1), 7, 2.0),
+                                                ((4, 4, 2, 2), 9, 3.0)])
+def test_lcn_kernels(shape, size, sigma, dtype, order):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(shape).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    close(*both(lambda: ops.lcn(x, size, sigma, 1e-3)), dtype)
+    close(*both(lambda: ops.lcn_backward(dy, x, size, sigma, 1e-3)), dtype)
+
+
+@pytest.mark.timeout(900)
+def test_the_kernel_suite_is_clean_under_asan():
+    """The tests above once more, every kernel built with AddressSanitizer."""
+    env = {**os.environ, **asan_environment(), "COTSDL_EMU_ASAN": "1"}
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__)),
+                          "-k", "not asan"], capture_output=True, text=True, env=env,
+                         timeout=880)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    assert "AddressSanitizer" not in res.stderr
