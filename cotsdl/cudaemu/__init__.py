@@ -29,7 +29,19 @@ which no thread can proceed raises a "deadlock" error naming the kernel and bloc
 Uninitialized dynamic shared memory reads as NaN.  Lanes that do not take part in a
 shuffle (exited threads, the missing lanes of a partial last warp) return the
 caller's own value.  Built libraries are cached in ``COTSDL_EMU_CACHE`` (default
-``~/.cache/cotsdl/cudaemu``).
+``~/.cache/cotsdl/cudaemu``), keyed by the preprocessed source (an edited header
+rebuilds).
+
+Known limits (what the emulator does not check or cannot do): it has no race
+detector (a missing ``__syncthreads`` shows only as a difference between the two
+thread orders); static ``__shared__`` arrays are not poisoned (they start at zero and
+keep the previous block's values), only dynamic shared memory is; ``__activemask``
+returns the lanes that have not exited, since the emulator cannot tell which lanes a
+GPU would have converged; the thread schedule is not the GPU's, so spin-waits on
+other threads never end; no inline PTX, half/bfloat16 types, textures, cooperative
+groups or ``extern __shared__`` at file scope; kernels must be ``extern "C"``; and g++
+accepts some code that NVRTC rejects, which is why ``cotsdl check-kernels`` compiles
+every kernel with NVRTC too.
 """
 from .module import Function, RawModule, asan_environment
 

@@ -90,30 +90,32 @@ def build(source: str, name: str, options: Sequence[str] = (), asan: bool = Fals
     if ucontext or asan:
         flags.append("-DCOTSDL_EMU_UCONTEXT")
     cxx = compiler()
-    shim, runtime = (HERE / "shim.h").read_text(), (HERE / "runtime.h").read_text()
+    runtime = (HERE / "runtime.h").read_text()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([source, name, *flags, str(asan), shim, runtime, version]).encode()).hexdigest()[:24]
-    folder = cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    lib, meta = folder / f"{key}.so", folder / f"{key}.json"
-    if lib.exists() and meta.exists():
-        sigs = json.loads(meta.read_text())
-        return lib, {k: parse.kernels_from_json(v) for k, v in sigs.items()}
     body = parse.rewrite_dynamic_shared(source)
     common = ["-std=c++17", "-include", str(HERE / "shim.h"), f"-I{HERE}", *flags]
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".build-") as tmp:
         t = Path(tmp)
         (t / "kernels.cu.cpp").write_text(f'#line 1 "{name}"\n{body}\n')
         pre = _run([cxx, "-E", "-P", "-x", "c++", *common, f"-D__global__={parse.MARKER}", "kernels.cu.cpp"],
                    f"preprocessing {name} for the emulator", t)
+        # The key hashes the preprocessed source, so an edited #include rebuilds too.
+        key = hashlib.sha256("\0".join([pre, name, *flags, str(asan), runtime, version]).encode()).hexdigest()[:24]
+        lib, meta = folder / f"{key}.so", folder / f"{key}.json"
+        if lib.exists() and meta.exists():
+            sigs = json.loads(meta.read_text())
+            return lib, {k: parse.kernels_from_json(v) for k, v in sigs.items()}
         sigs = parse.kernels(pre)
         if not sigs:
             raise RuntimeError(f"{name}: no extern \"C\" __global__ kernel found")
         launchers = "\n".join(f"COTSDL_EMU_LAUNCHER({k})" for k in sigs)
         (t / "module.cpp").write_text(f'#include "kernels.cu.cpp"\n#include "runtime.h"\n{launchers}\n')
         mode = ["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer"] if asan else ["-O2"]
+        # -z defs: an undefined symbol fails the build, not the load.
         _run([cxx, "-x", "c++", *common, *mode, "-fPIC", "-shared", "-fvisibility=hidden", "-pthread",
-              "module.cpp", "-o", "module.so"], f"compiling {name} for the emulator", t)
+              "-Wl,-z,defs", "module.cpp", "-o", "module.so"], f"compiling {name} for the emulator", t)
         (t / "module.json").write_text(json.dumps({k: parse.kernel_to_json(v) for k, v in sigs.items()}))
         os.replace(t / "module.json", meta)
         os.replace(t / "module.so", lib)  # last: the library is the commit marker

@@ -49,6 +49,10 @@ class Function:
                     raise ValueError(f"{where}: the array must be C-contiguous")
                 if p.dtype is not None and a.dtype != p.dtype:
                     raise TypeError(f"{where}: needs dtype {p.dtype}, got {a.dtype}")
+                if not p.const and not a.flags.writeable and a.size:
+                    raise ValueError(f"{where}: the kernel may write through this pointer, the array is read-only")
+                if a.ctypes.data % p.align:
+                    raise ValueError(f"{where}: misaligned address (needs {p.align}-byte alignment)")
                 keep.append(np.array(a.ctypes.data, dtype=np.uintp))
             else:
                 if type(a) is not p.dtype.type:  # exact type: no silent int/float conversion

@@ -35,6 +35,8 @@ class Param:
     ctype: str  # the base type, qualifiers removed
     pointer: bool
     dtype: np.dtype | None  # element type of a pointer, or the exact scalar type
+    const: bool = False  # a pointer to const data (the kernel only reads it)
+    align: int = 1  # alignment the pointed-to type needs (vector types)
 
     def describe(self) -> str:
         return f"{self.ctype}{'*' if self.pointer else ''} {self.name}"
@@ -48,8 +50,9 @@ class KernelSig:
 
 def _param(text: str, index: int, kernel: str) -> Param:
     pointer = "*" in text
-    if "&" in text or "[" in text:
-        raise ValueError(f"kernel {kernel}: parameter {index} ({text.strip()}) must be a scalar or a pointer")
+    if "&" in text or "[" in text or text.count("*") > 1:
+        raise ValueError(f"kernel {kernel}: parameter {index} ({text.strip()}) must be a scalar or a single pointer")
+    const = pointer and "const" in text.split("*")[0].split()
     words = [w for w in re.split(r"[\s*]+", text.strip()) if w and w not in _QUALIFIERS]
     if len(words) < 2:
         raise ValueError(f"kernel {kernel}: cannot read parameter {index}: {text.strip()!r}")
@@ -57,40 +60,67 @@ def _param(text: str, index: int, kernel: str) -> Param:
     dtype = _SCALARS.get(base) or (_VECTORS.get(base) if pointer else None)
     if dtype is None and not pointer:
         raise ValueError(f"kernel {kernel}: parameter {name} has type {base}, which the emulator cannot pass")
-    return Param(name, base, pointer, None if dtype is None else np.dtype(dtype))
+    align = {"float2": 8, "float4": 16, "double2": 16, "int2": 8, "int4": 16, "uint2": 8, "uint4": 16}.get(base, 1)
+    return Param(name, base, pointer, None if dtype is None else np.dtype(dtype), const, align)
+
+
+def _extern_c_blocks(text: str) -> list[tuple[int, int]]:
+    """Character ranges of ``extern "C" { ... }`` blocks."""
+    ranges = []
+    for m in re.finditer(r'extern\s+"C"\s*\{', text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        ranges.append((m.end(), i))
+    return ranges
 
 
 def kernels(preprocessed: str) -> dict[str, KernelSig]:
-    """All ``extern "C"`` kernels of a source preprocessed with ``-D__global__=__cotsdl_kernel__``."""
+    """All ``extern "C"`` kernels of a source preprocessed with ``-D__global__=__cotsdl_kernel__``
+    (declared ``extern "C" __global__ ...`` or inside an ``extern "C" { }`` block)."""
     out: dict[str, KernelSig] = {}
-    pat = re.compile(r'extern\s+"C"\s+' + MARKER + r'\s+void\s+(\w+)\s*\(([^()]*)\)\s*\{')
+    blocks = _extern_c_blocks(preprocessed)
+    pat = re.compile(r'(extern\s+"C"\s+)?' + MARKER + r'\s+void\s+(\w+)\s*\(([^()]*)\)\s*\{')
     for m in pat.finditer(preprocessed):
-        name, plist = m.group(1), m.group(2).strip()
+        if not m.group(1) and not any(a <= m.start() < b for a, b in blocks):
+            continue  # a C++-linkage kernel: the emulator cannot name it
+        name, plist = m.group(2), m.group(3).strip()
         parts = [] if plist in ("", "void") else plist.split(",")
         out[name] = KernelSig(name, tuple(_param(p, i, name) for i, p in enumerate(parts)))
     return out
 
 
+_ALIGN = r"(?:__align__\s*\((?:[^()]|\([^()]*\))*\)\s*)?"
 _DYN_SHARED = re.compile(
-    r"extern\s+__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s*)?([A-Za-z_][\w:<>\s]*?)\s*"
-    r"(?:__align__\s*\(\s*\d+\s*\)\s*)?([A-Za-z_]\w*)\s*\[\s*\]\s*;")
+    r"extern\s+(?:volatile\s+)?__shared__\s+" + _ALIGN + r"((?:volatile\s+)?[A-Za-z_][\w:<>\s]*?)\s*" + _ALIGN
+    + r"([A-Za-z_]\w*)\s*\[\s*\]\s*;")
 
 
 def rewrite_dynamic_shared(source: str) -> str:
     """``extern __shared__ T name[];`` -> a pointer to the launch's dynamic shared memory.
 
-    The declaration must sit inside a function (the usual CUDA style); the line
-    count is unchanged so compiler messages keep the source's line numbers.
+    The declaration must sit inside a function (the usual CUDA style); one at file
+    scope is refused with a clear error.  The line count is unchanged so compiler
+    messages keep the source's line numbers.
     """
-    return _DYN_SHARED.sub(lambda m: f"{m.group(1)}* const {m.group(2)} = "
-                                     f"reinterpret_cast<{m.group(1)}*>(cotsdl_emu::dynamic_shared());", source)
+    def repl(m: re.Match) -> str:
+        depth = source.count("{", 0, m.start()) - source.count("}", 0, m.start())
+        if depth <= 0:
+            line = source.count("\n", 0, m.start()) + 1
+            raise ValueError(f"line {line}: `extern __shared__` at file scope is not supported by the emulator; "
+                             "declare it inside the kernel")
+        t = m.group(1).strip()
+        return f"{t}* const {m.group(2)} = reinterpret_cast<{t}*>(cotsdl_emu::dynamic_shared());"
+
+    return _DYN_SHARED.sub(repl, source)
 
 
 def kernel_to_json(sig: KernelSig) -> dict:
-    return {"name": sig.name,
-            "params": [[p.name, p.ctype, p.pointer, None if p.dtype is None else p.dtype.str] for p in sig.params]}
+    return {"name": sig.name, "params": [[p.name, p.ctype, p.pointer, None if p.dtype is None else p.dtype.str,
+                                          p.const, p.align] for p in sig.params]}
 
 
 def kernels_from_json(d: dict) -> KernelSig:
-    return KernelSig(d["name"], tuple(Param(n, c, ptr, None if dt is None else np.dtype(dt))
-                                      for n, c, ptr, dt in d["params"]))
+    return KernelSig(d["name"], tuple(Param(n, c, ptr, None if dt is None else np.dtype(dt), const, align)
+                                      for n, c, ptr, dt, const, align in d["params"]))

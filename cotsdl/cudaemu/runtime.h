@@ -131,6 +131,15 @@ const uint3& thread_index() { return current->tid; }
 void* dynamic_shared() { return worker->shared; }
 unsigned lane_id() { return current->linear % 32u; }
 
+unsigned live_lanes() {
+    const unsigned base = current->linear - current->linear % 32u;
+    const unsigned n = (unsigned)(block.dim.x * block.dim.y * block.dim.z);
+    unsigned mask = 0;
+    for (unsigned l = 0; l < 32 && base + l < n; ++l)
+        if (worker->fibers[base + l].state != DONE) mask |= 1u << l;
+    return mask;
+}
+
 static size_t env_size(const char* name, size_t dflt) {
     const char* v = std::getenv(name);
     return (v && *v) ? (size_t)std::strtoull(v, nullptr, 10) : dflt;
@@ -226,53 +235,57 @@ static std::string describe(const char* kernel) {
     return buf;
 }
 
-// Complete the pending operation of one warp if every lane it waits for has arrived.
+// Complete the warp operations whose lanes have all arrived.  Each arrived lane waits
+// for the live lanes of its mask; lanes with disjoint masks (two halves of a warp
+// doing different things) complete independently.
 static bool try_warp(Fiber* lanes, int n, const char* kernel, std::string& err) {
     unsigned arrived = 0, live = 0;
     for (int l = 0; l < n; ++l) {
         if (lanes[l].state != DONE) live |= 1u << l;
         if (lanes[l].state == AT_WARP) arrived |= 1u << l;
     }
-    if (!arrived) return false;
-    int kind = -2;
-    for (int l = 0; l < n; ++l) {
-        if (!(arrived >> l & 1)) continue;
-        if ((lanes[l].wmask & live) & ~arrived) return false;  // still waiting for a lane
-        if (kind == -2) kind = lanes[l].wkind;
-        else if (lanes[l].wkind != kind) {
-            err = "divergent warp operations in " + describe(kernel);
-            return false;
+    unsigned done = 0;
+    for (int l0 = 0; l0 < n; ++l0) {
+        if (!(arrived >> l0 & 1) || (done >> l0 & 1)) continue;
+        const unsigned group = ((lanes[l0].wmask & live) | (1u << l0));
+        if (group & ~arrived) continue;  // still waiting for a lane
+        for (int l = 0; l < n; ++l)
+            if ((group >> l & 1) && lanes[l].wkind != lanes[l0].wkind) {
+                err = "divergent warp operations in " + describe(kernel) + " (lanes of one mask called different ones)";
+                return false;
+            }
+        const int kind = lanes[l0].wkind;
+        for (int l = 0; l < n; ++l) {
+            Fiber& f = lanes[l];
+            if (!(group >> l & 1)) continue;
+            const int w = f.wwidth, base = l - l % w;
+            int src = l;
+            switch (kind) {
+                case W_IDX: src = base + ((f.wparam % w) + w) % w; break;
+                case W_UP: src = (l - base) >= f.wparam ? l - f.wparam : l; break;
+                case W_DOWN: src = (l - base) + f.wparam < w ? l + f.wparam : l; break;
+                case W_XOR: src = l ^ f.wparam; if (src >= n || src / w > l / w) src = l; break;  // later groups: own value
+                default: break;
+            }
+            // A lane that does not take part (exited, or past a partial last warp) gives the
+            // reader's own value, as an out-of-range source does on the GPU.
+            if (src < 0 || src >= n || !(group >> src & 1)) src = l;
+            unsigned long long votes = 0;
+            for (int k = 0; k < n; ++k)
+                if ((group >> k & 1) && (f.wmask >> k & 1) && lanes[k].wbits) votes |= 1ull << k;
+            switch (kind) {
+                case W_BALLOT: f.wresult = votes; break;
+                case W_ANY: f.wresult = votes != 0; break;
+                case W_ALL: f.wresult = votes == (group & f.wmask); break;
+                case -1: f.wresult = 0; break;
+                default: f.wresult = lanes[src].wbits;
+            }
         }
-    }
-    for (int l = 0; l < n; ++l) {
-        Fiber& f = lanes[l];
-        if (!(arrived >> l & 1)) continue;
-        int w = f.wwidth, base = l - l % w, src = l;
-        switch (kind) {
-            case W_IDX: src = base + ((f.wparam % w) + w) % w; break;
-            case W_UP: src = (l - base) >= f.wparam ? l - f.wparam : l; break;
-            case W_DOWN: src = (l - base) + f.wparam < w ? l + f.wparam : l; break;
-            case W_XOR: src = ((l - base) ^ f.wparam) < w ? base + ((l - base) ^ f.wparam) : l; break;
-            default: break;
-        }
-        // A lane that does not take part (exited, or past a partial last warp) gives the
-        // reader's own value, as an out-of-range source does on the GPU.
-        if (!(arrived >> src & 1) || src >= n) src = l;
-        unsigned long long votes = 0;
-        for (int k = 0; k < n; ++k)
-            if ((arrived >> k & 1) && (f.wmask >> k & 1) && lanes[k].wbits) votes |= 1ull << k;
-        unsigned members = arrived & f.wmask;
-        switch (kind) {
-            case W_BALLOT: f.wresult = votes; break;
-            case W_ANY: f.wresult = votes != 0; break;
-            case W_ALL: f.wresult = votes == members; break;
-            case -1: f.wresult = 0; break;
-            default: f.wresult = lanes[src].wbits;
-        }
+        done |= group;
     }
     for (int l = 0; l < n; ++l)
-        if (arrived >> l & 1) lanes[l].state = RUNNABLE;
-    return true;
+        if (done >> l & 1) lanes[l].state = RUNNABLE;
+    return done != 0;
 }
 
 static void prepare_stacks(Worker& w, int n) {
@@ -378,6 +391,8 @@ static std::string run_block(Worker& w, const char* kernel, int order) {
 }
 
 static thread_local std::string last_error;
+// The kernel running on this OS thread, for error reports.
+static thread_local const char* running_kernel = "";
 
 static int launch(const char* kernel, const unsigned long long* cfg, const std::function<void()>& body) {
     dim3 grid = {(unsigned)cfg[0], (unsigned)cfg[1], (unsigned)cfg[2]};
@@ -387,8 +402,9 @@ static int launch(const char* kernel, const unsigned long long* cfg, const std::
     int nthreads = std::max(1, (int)cfg[8]);
     unsigned long long nblocks = (unsigned long long)grid.x * grid.y * grid.z;
     int n = (int)(bdim.x * bdim.y * bdim.z);
-    if (n < 1 || n > 1024) {
-        last_error = std::string("kernel ") + kernel + ": a block must have 1 to 1024 threads";
+    if (n < 1 || n > 1024 || bdim.z > 64 || grid.y > 65535 || grid.z > 65535) {
+        last_error = std::string("kernel ") + kernel + ": invalid launch configuration (a block has 1 to 1024 "
+                     "threads and blockDim.z <= 64; gridDim.y and gridDim.z are at most 65535)";
         return 1;
     }
     size_t cap = env_size("COTSDL_EMU_SHARED", 227 * 1024);
@@ -401,6 +417,7 @@ static int launch(const char* kernel, const unsigned long long* cfg, const std::
     auto work = [&](int t) {
         Worker w;
         worker = &w;
+        running_kernel = kernel;  // per OS thread, for error reports
         dyn_bytes = shared;
         try {
             prepare_stacks(w, n);
@@ -441,8 +458,6 @@ static int launch(const char* kernel, const unsigned long long* cfg, const std::
     return 0;
 }
 
-// Current kernel position, for error reports (AddressSanitizer calls __asan_on_error).
-static thread_local const char* running_kernel = "";
 
 template <typename... A, std::size_t... I>
 static void call_with(void (*f)(A...), void** args, std::index_sequence<I...>) {

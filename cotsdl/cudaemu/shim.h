@@ -68,6 +68,7 @@ unsigned long long warp_op(int kind, unsigned mask, unsigned long long bits, int
 void syncwarp(unsigned mask);
 void* dynamic_shared();
 unsigned lane_id();
+unsigned live_lanes();
 enum { W_IDX = 0, W_UP, W_DOWN, W_XOR, W_BALLOT, W_ANY, W_ALL };
 }  // namespace cotsdl_emu
 
@@ -102,17 +103,21 @@ template <typename T> static inline T __shfl_xor_sync(unsigned m, T v, int l, in
 static inline unsigned __ballot_sync(unsigned m, int p) { return (unsigned)cotsdl_emu::warp_op(cotsdl_emu::W_BALLOT, m, p != 0, 0, 32); }
 static inline int __any_sync(unsigned m, int p) { return (int)cotsdl_emu::warp_op(cotsdl_emu::W_ANY, m, p != 0, 0, 32); }
 static inline int __all_sync(unsigned m, int p) { return (int)cotsdl_emu::warp_op(cotsdl_emu::W_ALL, m, p != 0, 0, 32); }
-// The lanes of this warp that are present and not exited (all lanes reach it together).
-static inline unsigned __activemask() { return (unsigned)cotsdl_emu::warp_op(cotsdl_emu::W_BALLOT, 0xffffffffu, 1, 0, 32); }
+// The lanes of this warp that exist and have not exited (no waiting: the emulator
+// cannot tell which lanes a GPU would have converged here).
+static inline unsigned __activemask() { return cotsdl_emu::live_lanes(); }
 
-// Atomics: real atomics, since blocks may run on several OS threads.
-template <typename T> static inline T atomicAdd(T* a, T v) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); }
-template <typename T> static inline T atomicSub(T* a, T v) { return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST); }
-template <typename T> static inline T atomicAnd(T* a, T v) { return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST); }
-template <typename T> static inline T atomicOr(T* a, T v) { return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST); }
-template <typename T> static inline T atomicXor(T* a, T v) { return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST); }
-template <typename T> static inline T atomicExch(T* a, T v) { return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST); }
-template <typename T> static inline T atomicCAS(T* a, T cmp, T v) {
+// Atomics: real atomics, since blocks may run on several OS threads.  The value
+// type follows the pointer (as CUDA's overloads do: atomicAdd(unsigned*, 1) works).
+template <typename T> struct cotsdl_same { using type = T; };
+#define COTSDL_V typename cotsdl_same<T>::type
+template <typename T> static inline T atomicAdd(T* a, COTSDL_V v) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); }
+template <typename T> static inline T atomicSub(T* a, COTSDL_V v) { return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST); }
+template <typename T> static inline T atomicAnd(T* a, COTSDL_V v) { return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST); }
+template <typename T> static inline T atomicOr(T* a, COTSDL_V v) { return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST); }
+template <typename T> static inline T atomicXor(T* a, COTSDL_V v) { return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST); }
+template <typename T> static inline T atomicExch(T* a, COTSDL_V v) { return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST); }
+template <typename T> static inline T atomicCAS(T* a, COTSDL_V cmp, COTSDL_V v) {
     __atomic_compare_exchange_n(a, &cmp, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
     return cmp;
 }
@@ -121,8 +126,8 @@ template <typename T, typename F> static inline T cotsdl_atomic_update(T* a, F f
     while (!__atomic_compare_exchange_n(a, &old, f(old), false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {}
     return old;
 }
-template <typename T> static inline T atomicMax(T* a, T v) { return cotsdl_atomic_update(a, [v](T o) { return o < v ? v : o; }); }
-template <typename T> static inline T atomicMin(T* a, T v) { return cotsdl_atomic_update(a, [v](T o) { return v < o ? v : o; }); }
+template <typename T> static inline T atomicMax(T* a, COTSDL_V v) { return cotsdl_atomic_update(a, [v](T o) { return o < v ? v : o; }); }
+template <typename T> static inline T atomicMin(T* a, COTSDL_V v) { return cotsdl_atomic_update(a, [v](T o) { return v < o ? v : o; }); }
 static inline unsigned atomicInc(unsigned* a, unsigned lim) { return cotsdl_atomic_update(a, [lim](unsigned o) { return o >= lim ? 0u : o + 1; }); }
 static inline unsigned atomicDec(unsigned* a, unsigned lim) { return cotsdl_atomic_update(a, [lim](unsigned o) { return (o == 0 || o > lim) ? lim : o - 1; }); }
 // Floating-point atomics by compare-and-swap on the bit pattern.
@@ -151,14 +156,31 @@ COTSDL_FP_ATOMIC(double, unsigned long long)
 template <typename T> static inline T __ldg(const T* p) { return *p; }
 
 // Math: CUDA's device functions and intrinsics that have a C++ counterpart.
-using std::min;
-using std::max;
-static inline int min(int a, unsigned b) { return a < (int)b ? a : (int)b; }
-static inline long long min(long long a, int b) { return a < b ? a : b; }
-static inline long long max(long long a, int b) { return a > b ? a : b; }
-static inline float min(float a, int b) { return a < b ? a : (float)b; }
-static inline float max(float a, int b) { return a > b ? a : (float)b; }
-// __expf, __logf, __powf, __sinf and __cosf come from glibc's <math.h>.
+// min/max as CUDA's overloads behave: the operands take their common type first,
+// so min(-1, 5u) is unsigned (4294967295 vs 5 -> 5), as on the GPU.
+template <typename A, typename B>
+static inline auto min(A a, B b) -> decltype(a + b) { using T = decltype(a + b); return (T)a < (T)b ? (T)a : (T)b; }
+template <typename A, typename B>
+static inline auto max(A a, B b) -> decltype(a + b) { using T = decltype(a + b); return (T)a < (T)b ? (T)b : (T)a; }
+// Fast-math intrinsics: glibc declares some of these names but does not export them.
+static inline float cotsdl_expf(float x) { return std::exp(x); }
+static inline float cotsdl_exp10f(float x) { return std::pow(10.0f, x); }
+static inline float cotsdl_logf(float x) { return std::log(x); }
+static inline float cotsdl_log2f(float x) { return std::log2(x); }
+static inline float cotsdl_log10f(float x) { return std::log10(x); }
+static inline float cotsdl_powf(float x, float y) { return std::pow(x, y); }
+static inline float cotsdl_sinf(float x) { return std::sin(x); }
+static inline float cotsdl_cosf(float x) { return std::cos(x); }
+static inline float cotsdl_tanf(float x) { return std::tan(x); }
+#define __expf cotsdl_expf
+#define __exp10f cotsdl_exp10f
+#define __logf cotsdl_logf
+#define __log2f cotsdl_log2f
+#define __log10f cotsdl_log10f
+#define __powf cotsdl_powf
+#define __sinf cotsdl_sinf
+#define __cosf cotsdl_cosf
+#define __tanf cotsdl_tanf
 static inline float __fdividef(float a, float b) { return a / b; }
 static inline float __frcp_rn(float a) { return 1.0f / a; }
 static inline float __fsqrt_rn(float a) { return std::sqrt(a); }
@@ -170,7 +192,7 @@ static inline double __dadd_rn(double a, double b) { return a + b; }
 static inline double __fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
 static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 static inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
-static inline float __saturatef(float x) { return x < 0.f ? 0.f : (x > 1.f ? 1.f : x); }
+static inline float __saturatef(float x) { return x > 0.f ? (x < 1.f ? x : 1.f) : 0.f; }  // NaN -> 0
 static inline int __float2int_rn(float x) { return (int)std::nearbyint(x); }
 static inline int __float2int_rz(float x) { return (int)x; }
 static inline int __float2int_rd(float x) { return (int)std::floor(x); }
