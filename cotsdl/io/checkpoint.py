@@ -46,13 +46,27 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def _generation(path: Path) -> tuple[int, int]:
+    try:
+        with open(path / "index.json") as f:
+            gen = int(json.load(f).get("generation", 0))
+    except (OSError, ValueError):
+        gen = -1
+    return gen, int(_NAME.match(path.name).group(1))
+
+
 def completed(folder: str | os.PathLike) -> list[Path]:
-    """Committed checkpoints in ``folder``, oldest first."""
+    """Committed checkpoints in ``folder``, oldest *written* first.
+
+    Order is by generation (a counter every save increments), not by step: a run
+    resumed from an earlier checkpoint writes newer checkpoints with smaller steps
+    than the abandoned run's, and those must count as the latest.
+    """
     folder = Path(folder)
     if not folder.is_dir():
         return []
     found = [p for p in folder.iterdir() if _NAME.match(p.name) and (p / "index.json").is_file()]
-    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+    return sorted(found, key=_generation)
 
 
 def latest(folder: str | os.PathLike) -> Path | None:
@@ -103,15 +117,23 @@ def save(folder: str | os.PathLike, step: int, comm: MPI.Comm, arrays: dict[str,
     shapes = {name: list(shape) for name, (shape, _, _) in arrays.items()}
     if rank == 0:
         try:
-            _write_json(partial / "index.json", {"step": step, "meta": meta, "shapes": shapes,
-                                                 "pieces": [p for ps in all_pieces for p in ps]})
+            done = completed(folder)
+            generation = (_generation(done[-1])[0] + 1) if done else 1
+            _write_json(partial / "index.json", {"step": step, "generation": generation, "meta": meta,
+                                                 "shapes": shapes, "pieces": [p for ps in all_pieces for p in ps]})
             _fsync_dir(partial)
-            if final.exists():
-                shutil.rmtree(final)
+            trash = None
+            if final.exists():  # the same step saved again: swap, never delete first
+                trash = folder / f".ckpt-{step:09d}.replaced-{os.getpid()}"
+                os.replace(final, trash)
             os.replace(partial, final)  # the commit
             _fsync_dir(folder)
+            if trash is not None:
+                shutil.rmtree(trash, ignore_errors=True)
             for old in completed(folder)[:-keep] if keep > 0 else []:
                 shutil.rmtree(old, ignore_errors=True)
+            for stale in folder.glob(".ckpt-*.partial"):  # left by runs killed while writing
+                shutil.rmtree(stale, ignore_errors=True)
         except OSError as e:
             err = f"cannot commit checkpoint {final}: {e}"
     raise_collectively(comm, err, OSError)

@@ -55,6 +55,10 @@ class InMemorySource:
         self.image_shape = tuple(int(v) for v in images.shape[1:])
         self._perm: tuple[int, np.ndarray] | None = None
 
+    def __len__(self) -> int:
+        """Images in one epoch."""
+        return len(self.images)
+
     def _order(self, epoch: int) -> np.ndarray:
         if self._perm is None or self._perm[0] != epoch:
             n = len(self.images)

@@ -6,6 +6,7 @@ itself as plain data (for checkpoints): ``describe()`` / :func:`from_description
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -72,6 +73,9 @@ class Warmup:
     warmup_steps: int
     start_factor: float = 0.0
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "after", as_schedule(self.after))
+
     def __call__(self, t: int) -> float:
         if t >= self.warmup_steps:
             return self.after(t)
@@ -97,7 +101,7 @@ def validate(s: Any) -> Any:
 
 def as_schedule(lr: Any) -> Any:
     """A number becomes a constant schedule; schedules pass through (validated)."""
-    if isinstance(lr, (int, float)):
+    if isinstance(lr, numbers.Real):
         return Constant(_positive("learning rate", lr))
     if not callable(lr) or type(lr) not in KINDS.values():
         raise ValueError(f"lr must be a number or a schedule ({', '.join(KINDS)}), got {lr!r}")

@@ -30,6 +30,7 @@ from ..nn.plan import NetworkPlan
 from . import allreduce
 from .objective import StageObjective
 from .optim import Optimizer
+from .schedules import describe as schedules_describe
 
 
 class GreedyTrainer:
@@ -75,6 +76,11 @@ class GreedyTrainer:
             err = f"batch must be a positive integer, got {batch!r}"
         elif not float(lam) >= 0:
             err = f"lam must be >= 0, got {lam!r}"
+        elif metrics_file and comm.Get_rank() == 0:
+            try:
+                open(metrics_file, "a").close()
+            except OSError as e:
+                err = f"metrics_file {metrics_file}: {e.strerror}"
         raise_collectively(comm, err)
         self.world, self.network, self.data = comm, network, data
         self.layout = split_replicas(comm, replicas, grid, extent=network.input_shape[:2])
@@ -84,7 +90,10 @@ class GreedyTrainer:
         self.decoders = {} if tied else {i: w.copy() for i, w in self.params.items()}
         self.template = optimizer
         self.optimizer: Optimizer | None = None
-        self.stage, self.stage_step, self.batch_index, self.step = 0, 0, 0, 0
+        self.stage, self.stage_step, self.step = 0, 0, 0
+        #: Stream position of the next global batch (images consumed by all replicas so far).
+        self.position = 0
+        self._saved_step = -1
         self.skipped, self.bad_in_row, self.max_bad_steps = 0, 0, int(max_bad_steps)
         self.checkpoint_dir, self.checkpoint_every, self.keep = checkpoint_dir, int(checkpoint_every), int(keep)
         self.log_every, self.metrics_file, self._log = int(log_every), metrics_file, log
@@ -109,8 +118,13 @@ class GreedyTrainer:
 
     # -- one step -----------------------------------------------------------------
     def _stage_input(self, stage: int) -> DistArray:
-        first = (self.batch_index * self.replicas + self.layout.replica) * self.batch
-        xb = self.data.read(first, self.batch, self.plan.input_owned)
+        first = self.position + self.layout.replica * self.batch
+        err, xb = None, None
+        try:
+            xb = self.data.read(first, self.batch, self.plan.input_owned)
+        except Exception as e:  # noqa: BLE001 - reported on every rank below
+            err = f"reading images {first}..{first + self.batch - 1}: {type(e).__name__}: {e}"
+        raise_collectively(self.world, err, RuntimeError)
         x = self.plan.input_array(np.ascontiguousarray(xb, dtype=self.plan.dtype))
         if stage == 0:
             return x
@@ -139,6 +153,11 @@ class GreedyTrainer:
             self.bad_in_row = 0
             params = {"w": self.params[li]} if self.tied else {"w": self.params[li], "w_dec": self.decoders[li]}
             self.optimizer.step(params, grads)
+            ok = bool(self.world.allreduce(all(np.all(np.isfinite(p)) for p in params.values()), op=MPI.LAND))
+            if not ok:
+                raise RuntimeError(f"training stopped: the update of stage {stage} step {self.stage_step} made the "
+                                   "weights non-finite (learning rate too large?); nothing was saved after it"
+                                   + (f", the last checkpoint in {self.checkpoint_dir} is intact" if self.checkpoint_dir else ""))
         else:
             self.bad_in_row += 1
             self.skipped += 1
@@ -148,7 +167,7 @@ class GreedyTrainer:
                 raise RuntimeError(f"training stopped: {self.bad_in_row} consecutive steps with a non-finite loss or "
                                    f"gradient (stage {stage}, step {self.stage_step}); the last checkpoint is intact"
                                    + (f" in {self.checkpoint_dir}" if self.checkpoint_dir else ""))
-        self.batch_index += 1
+        self.position += self.batch * self.replicas
         self.stage_step += 1
         self.step += 1
         dt = time.perf_counter() - t0
@@ -170,9 +189,17 @@ class GreedyTrainer:
                 self.stage_step = 0
             self.stage = stage
 
-    def train_stage(self, stage: int, steps: int) -> list[dict[str, Any]]:
-        """Train ``stage`` for ``steps`` more steps (the stages below it are frozen)."""
+    def train_stage(self, stage: int, steps: int | None = None, *, epochs: float | None = None) -> list[dict[str, Any]]:
+        """Train ``stage`` for ``steps`` more steps, or ``epochs`` passes over the data
+        (the stages below it are frozen)."""
+        if (steps is None) == (epochs is None):
+            raise ValueError("give exactly one of steps= and epochs=")
+        if epochs is not None:
+            if not hasattr(self.data, "__len__"):
+                raise ValueError("epochs= needs a data source with a length (len(data)); give steps= instead")
+            steps = int(np.ceil(float(epochs) * len(self.data) / (self.batch * self.replicas)))
         self._begin_stage(stage)
+        self.optimizer.comm = self.layout.grid.comm  # also for an optimizer swapped in by the user
         objective = StageObjective(self.plan, stage, self.lam, self.tied)
         records = []
         for _ in range(int(steps)):
@@ -184,7 +211,10 @@ class GreedyTrainer:
             elif self._is_root and hasattr(self._log, "isatty") and self._log.isatty():
                 print(f"\rstage {stage} step {self.stage_step} loss {rec['loss']:.4g}", end="", file=self._log)
             if self.checkpoint_dir and self.checkpoint_every and self.step % self.checkpoint_every == 0:
-                self.save()
+                if self.bad_in_row:
+                    self._say(f"checkpoint at step {self.step} skipped: the last step was not finite")
+                else:
+                    self.save()
         return records
 
     def train(self, steps_per_stage: Sequence[int]) -> None:
@@ -194,7 +224,7 @@ class GreedyTrainer:
         for k in range(self.stage, len(self.network.stages)):
             done = self.stage_step if k == self.stage and self.optimizer is not None else 0
             self.train_stage(k, max(0, int(steps_per_stage[k]) - done))
-        if self.checkpoint_dir:
+        if self.checkpoint_dir and self._saved_step != self.step:
             self.save()
 
     def _report(self, rec: dict[str, Any]) -> None:
@@ -231,27 +261,37 @@ class GreedyTrainer:
             opt = {k: v for k, v in self.optimizer.state_dict().items() if k != "slots"}
             opt["slot_names"] = {n: sorted(s) for n, s in self.optimizer.state.items()}
         meta = {"network": self.network.describe(), "stage": self.stage, "stage_step": self.stage_step,
-                "batch_index": self.batch_index, "step": self.step, "seed": self.seed, "lam": self.lam,
+                "position": self.position, "step": self.step, "seed": self.seed, "lam": self.lam,
                 "tied": self.tied, "batch": self.batch, "replicas": self.replicas,
                 "grid": list(self.layout.grid.dims), "dtype": self.plan.dtype.name, "optimizer": opt,
-                "skipped": self.skipped, "data": {"kind": type(self.data).__name__, "seed": getattr(self.data, "seed", None),
-                                                  "next_position": self.batch_index * self.batch * self.replicas}}
+                "skipped": self.skipped, "bad_in_row": self.bad_in_row,
+                "data": {"kind": type(self.data).__name__, "seed": getattr(self.data, "seed", None)}}
         path = checkpoint.save(self.checkpoint_dir, self.step, self.world, self._arrays(), meta,
                                writer=self.layout.replica == 0, keep=self.keep)
+        self._saved_step = self.step
         self._say(f"checkpoint {path}")
         return path
 
     @classmethod
     def resume(cls, path: str, data: Any, optimizer: Optimizer, *, comm: MPI.Comm, batch: int | None = None,
-               replicas: int = 1, grid: Sequence[int] | None = None, **kw) -> "GreedyTrainer":
+               replicas: int | None = None, grid: Sequence[int] | None = None, **kw) -> "GreedyTrainer":
         """A trainer continuing from checkpoint ``path`` (a ``ckpt-*`` folder, or a folder of them:
-        the latest), on any number of ranks and grid.  ``batch`` defaults to keeping the global batch."""
+        the latest written), on any number of ranks and grid.
+
+        ``replicas`` defaults to the saved number when it divides the ranks, else 1;
+        ``batch`` to keeping the saved global batch.  The optimizer's saved state,
+        schedule and hyper-parameters are restored (``optimizer`` gives its kind; change
+        ``trainer.optimizer`` afterwards to alter them); the data stream continues at
+        the saved position.
+        """
         p = Path(path)
         if not (p / "index.json").is_file():
             found = checkpoint.latest(p)
             raise_collectively(comm, None if found else f"no completed checkpoint in {p}")
             p = found
         meta = checkpoint.read_index(p)["meta"]
+        if replicas is None:
+            replicas = meta["replicas"] if comm.Get_size() % meta["replicas"] == 0 else 1
         if batch is None:
             total = meta["batch"] * meta["replicas"]
             raise_collectively(comm, None if total % replicas == 0 else
@@ -278,7 +318,12 @@ class GreedyTrainer:
             if not tr.tied:
                 tr.decoders[li] = arrays[f"w_dec/{li}"]
         tr.stage, tr.stage_step = meta["stage"], meta["stage_step"]
-        tr.batch_index, tr.step, tr.skipped = meta["batch_index"], meta["step"], meta["skipped"]
+        tr.position, tr.step, tr.skipped = meta["position"], meta["step"], meta["skipped"]
+        tr.bad_in_row, tr._saved_step = meta.get("bad_in_row", 0), meta["step"]
+        saved_seed = meta.get("data", {}).get("seed")
+        if saved_seed is not None and getattr(data, "seed", saved_seed) != saved_seed:
+            tr._say(f"note: the data source's seed {getattr(data, 'seed')} differs from the saved {saved_seed}: "
+                    "the image stream will not continue as before")
         if opt is not None:
             tr._begin_stage(tr.stage)
             err = None if opt["kind"] == type(tr.optimizer).__name__ else (
@@ -286,6 +331,10 @@ class GreedyTrainer:
             raise_collectively(comm, err)
             state = {k: v for k, v in opt.items() if k != "slot_names"}
             state["slots"] = {n: {s: arrays[f"opt/{n}/{s}"] for s in slots} for n, slots in opt["slot_names"].items()}
+            given = (schedules_describe(tr.optimizer.schedule), tr.optimizer.hyper())
             tr.optimizer.load_state_dict(state)
+            if given != (state["schedule"], state["hyper"]):
+                tr._say("note: the saved optimizer schedule and hyper-parameters are restored "
+                        f"({state['schedule']}, {state['hyper']}), not the ones of the optimizer given")
         tr._say(f"resumed from {p}: stage {tr.stage}, step {tr.stage_step} of the stage, global step {tr.step}")
         return tr

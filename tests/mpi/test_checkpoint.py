@@ -68,3 +68,18 @@ def test_interrupted_write_leaves_the_previous_checkpoint(comm, tmp_path_factory
     assert again.step == 1
     tr.layout.free()
     again.layout.free()
+
+
+def test_a_read_error_on_one_rank_stops_every_rank(comm):
+    class Flaky(InMemorySource):
+        def read(self, first, count, window):
+            if comm.Get_rank() == comm.Get_size() - 1 and first >= 8:
+                raise OSError("disk gone")
+            return super().read(first, count, window)
+
+    imgs = np.random.default_rng(0).standard_normal((30, 14, 13, 1)).astype(np.float32)
+    tr = GreedyTrainer(Network.from_description(DESC), Flaky(imgs), Adam(0.01), comm=comm, batch=4, log_every=0)
+    with pytest.raises(RuntimeError, match="disk gone"):
+        tr.train_stage(0, 5)
+    assert tr.step == 2
+    tr.layout.free()

@@ -127,3 +127,76 @@ def test_bad_input_is_named():
         tr.train_stage(3, 1)
     with pytest.raises(ValueError, match="no completed checkpoint"):
         GreedyTrainer.resume("/nonexistent", tr.data, Adam(0.01), comm=MPI.COMM_SELF)
+
+
+def small_trainer(tmp_path=None, batch=4, opt=None, data=None, **kw):
+    imgs = np.random.default_rng(0).standard_normal((20, 24, 24, 1))
+    return GreedyTrainer(Network.from_description(NET3), data or InMemorySource(imgs), opt or Momentum(0.01),
+                         comm=MPI.COMM_SELF, batch=batch, log_every=0,
+                         checkpoint_dir=None if tmp_path is None else str(tmp_path), log=open(os.devnull, "w"), **kw)
+
+
+def test_resuming_an_older_checkpoint_makes_its_successors_the_latest(tmp_path):
+    from cotsdl.io import checkpoint
+
+    tr = small_trainer(tmp_path, keep=5)
+    for _ in range(3):
+        tr.train_stage(0, 2)
+        tr.save()  # steps 2, 4, 6
+    old = GreedyTrainer.resume(str(tmp_path / "ckpt-000000002"), tr.data, Momentum(0.01), comm=MPI.COMM_SELF,
+                               log=open(os.devnull, "w"), keep=5)
+    old.train_stage(0, 1)
+    old.save()  # step 3, written after step 6
+    assert checkpoint.latest(tmp_path).name == "ckpt-000000003"
+    old.save()  # the same step again: replaced, never lost
+    assert checkpoint.latest(tmp_path).name == "ckpt-000000003"
+    assert GreedyTrainer.resume(str(tmp_path), tr.data, Momentum(0.01), comm=MPI.COMM_SELF,
+                                log=open(os.devnull, "w")).step == 3
+
+
+def test_the_data_stream_continues_when_the_batch_changes(tmp_path):
+    tr = small_trainer(tmp_path, batch=8)
+    tr.train_stage(0, 5)
+    tr.save()
+    seen = []
+
+    class Spy(InMemorySource):
+        def read(self, first, count, window):
+            seen.append((first, count))
+            return super().read(first, count, window)
+
+    again = GreedyTrainer.resume(str(tmp_path), Spy(tr.data.images), Momentum(0.01), comm=MPI.COMM_SELF, batch=4,
+                                 log=open(os.devnull, "w"))
+    again.train_stage(0, 2)
+    assert seen == [(40, 4), (44, 4)]
+
+
+def test_epochs_and_a_swapped_optimizer(tmp_path):
+    tr = small_trainer(batch=4)
+    tr.train_stage(0, epochs=1)  # 20 images / 4 per step
+    assert tr.stage_step == 5
+    from cotsdl.train import LARS
+
+    tr.optimizer = LARS(0.1)
+    tr.train_stage(0, 1)
+    assert tr.optimizer.comm is tr.layout.grid.comm  # norms span the model group
+    with pytest.raises(ValueError, match="exactly one of steps= and epochs="):
+        tr.train_stage(0)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")
+def test_an_update_that_breaks_the_weights_stops_training():
+    tr = small_trainer(opt=optim_sgd_huge())
+    with pytest.raises(RuntimeError, match="made the weights non-finite"):
+        tr.train_stage(0, 20)
+
+
+def optim_sgd_huge():
+    from cotsdl.train import SGD
+
+    return SGD(1e40)  # overflows float32: the update itself makes the weights infinite
+
+
+def test_unwritable_metrics_file_is_named():
+    with pytest.raises(ValueError, match="metrics_file /nonexistent/m.jsonl"):
+        small_trainer(metrics_file="/nonexistent/m.jsonl")
