@@ -27,7 +27,7 @@ def is_device_array(arr: Any) -> bool:
 
 
 def array_module(arr: Any):
-    """``numpy`` or ``cupy``, whichever ``arr`` belongs to."""
+    """``numpy`` or ``cupy``, whichever ``arr`` belongs to (``numpy`` for None)."""
     if is_device_array(arr):
         import cupy  # noqa: PLC0415 - only when a device array exists
 

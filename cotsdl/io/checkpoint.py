@@ -23,6 +23,7 @@ import h5py
 import numpy as np
 from mpi4py import MPI
 
+from .. import backend
 from ..array.box import Box
 from ..array.collective import raise_collectively
 
@@ -104,7 +105,7 @@ def save(folder: str | os.PathLike, step: int, comm: MPI.Comm, arrays: dict[str,
                 for name, (shape, box, data) in sorted(arrays.items()):
                     if box.is_empty:
                         continue
-                    d = f.create_dataset(name, data=np.ascontiguousarray(data))
+                    d = f.create_dataset(name, data=np.ascontiguousarray(backend.to_numpy(data)))
                     d.attrs["lo"], d.attrs["hi"] = np.array(box.lo), np.array(box.hi)
                     pieces.append({"name": name, "file": fname, "lo": list(box.lo), "hi": list(box.hi)})
             with open(tmp, "rb+") as fh:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .. import ops
+from .. import backend, ops
 from ..array.distarray import DistArray
 from ..nn.plan import NetworkPlan
 
@@ -35,16 +35,17 @@ def sparse_ae_loss(x, w, *, stride, block=(1, 1), pool_size, pool_stride, lam, e
         raise ValueError(f"eps must be > 0 (it keeps the pooled sparsity differentiable), got {eps!r}")
     size = w.shape[3:5]
     N = x.shape[3]
+    xp = backend.array_module(x)
     dec = w if w_dec is None else w_dec
     h = ops.local_filter(x, w, stride, block)
     xh = ops.local_filter_backward_data(h, dec, stride, block, input_shape=x.shape)
     r = xh - x
     p = ops.l2_pool(h, pool_size, pool_stride, eps)
     dt = x.dtype.type
-    J = (float(np.sum(r * r)) + float(lam) * float(np.sum(p))) / N
+    J = (float((r * r).sum()) + float(lam) * float(p.sum())) / N
     dxh = r * dt(2.0 / N)
     dh = ops.local_filter(dxh, dec, stride, block)
-    dh += ops.l2_pool_backward(np.full(p.shape, dt(float(lam) / N), x.dtype), h, p, pool_size, pool_stride)
+    dh += ops.l2_pool_backward(xp.full(p.shape, dt(float(lam) / N), x.dtype), h, p, pool_size, pool_stride)
     dw = ops.local_filter_backward_weights(x, dh, size, stride, block)
     dw_dec = ops.local_filter_backward_weights(dxh, h, size, stride, block)
     if w_dec is None:
@@ -85,41 +86,42 @@ class StageObjective:
         """(LossParts, dJ/dw local[, dJ/dw' local]) on this rank's sites."""
         f, pl = self.filt, self.pool
         layer, dt = f.layer, self.plan.dtype
+        xp = backend.array_module(x.data)
         N = self.plan.batch
         dec = w if w_dec is None else w_dec
         ctx = self.plan._ctx(f, {f.index: w})
         ctx_dec = self.plan._ctx(f, {f.index: dec})
-        xwin = DistArray(x.comm, f.in_shape, f.window, data=np.empty(f.window.shape, dt))
+        xwin = DistArray(x.comm, f.in_shape, f.window, data=xp.empty(f.window.shape, dt))
         f.exchange.exchange(x, xwin, validate=False)
         h, _ = layer.forward_local(xwin.data, ctx)
         empty = f.out.is_empty
         # decoder: adjoint of the filter, summed into the owners of the stage input
-        xh_win = (np.zeros(f.window.shape, dt) if empty else
+        xh_win = (xp.zeros(f.window.shape, dt) if empty else
                   ops.local_filter_backward_data(h, dec, layer.stride, layer.block, input_shape=xwin.data.shape))
-        xh = DistArray(x.comm, f.in_shape, f.src_owned, f.src_owned, data=np.empty(f.src_owned.shape, dt))
+        xh = DistArray(x.comm, f.in_shape, f.src_owned, f.src_owned, data=xp.empty(f.src_owned.shape, dt))
         f.exchange.exchange_adjoint(DistArray(x.comm, f.in_shape, f.window, data=xh_win.astype(dt, copy=False)), xh,
                                     validate=False)
         r = xh.data - x.owned_data
         # sparsity: L2 pool of h over the pool's windows
-        hwin = DistArray(x.comm, pl.in_shape, pl.window, data=np.empty(pl.window.shape, dt))
+        hwin = DistArray(x.comm, pl.in_shape, pl.window, data=xp.empty(pl.window.shape, dt))
         pl.exchange.exchange(DistArray(x.comm, f.out_shape, f.out, f.out, data=h), hwin, validate=False)
         p, _ = pl.layer.forward_local(hwin.data, self.plan._ctx(pl, None))
-        rec, spa = self._reduce(float(np.sum(r * r)), float(np.sum(p)))
+        rec, spa = self._reduce(float((r * r).sum()), float(p.sum()))
         parts = LossParts((rec + self.lam * spa) / N, rec / N, self.lam * spa / N)
         # backward
         dxh = DistArray(x.comm, f.in_shape, f.src_owned, f.src_owned, data=(r * dt.type(2.0 / N)).astype(dt, copy=False))
-        dxh_win = DistArray(x.comm, f.in_shape, f.window, data=np.empty(f.window.shape, dt))
+        dxh_win = DistArray(x.comm, f.in_shape, f.window, data=xp.empty(f.window.shape, dt))
         f.exchange.exchange(dxh, dxh_win, validate=False)
         dh = layer.forward_local(dxh_win.data, ctx_dec)[0]
-        dp = np.full(p.shape, dt.type(self.lam / N), dt)
+        dp = xp.full(p.shape, dt.type(self.lam / N), dt)
         dh_win, _ = pl.layer.backward_local(dp, hwin.data, p, None, self.plan._ctx(pl, None))
-        dh_sp = DistArray(x.comm, f.out_shape, f.out, f.out, data=np.empty(f.out.shape, dt))
+        dh_sp = DistArray(x.comm, f.out_shape, f.out, f.out, data=xp.empty(f.out.shape, dt))
         pl.exchange.exchange_adjoint(DistArray(x.comm, pl.in_shape, pl.window, data=dh_win), dh_sp, validate=False)
         dh = dh + dh_sp.data
 
         def dweights(a: np.ndarray, b: np.ndarray) -> np.ndarray:
             if empty:
-                return np.zeros(w.shape, dt)
+                return xp.zeros(w.shape, dt)
             return ops.local_filter_backward_weights(a, b, layer.size, layer.stride, layer.block)
 
         dw, dw_dec = dweights(xwin.data, dh), dweights(dxh_win.data, h)

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 from mpi4py import MPI
 
+from .. import backend
 from ..array.box import Box
 from ..array.collect import gather
 from ..array.collective import raise_collectively
@@ -31,6 +32,12 @@ from . import allreduce
 from .objective import StageObjective
 from .optim import Optimizer
 from .schedules import describe as schedules_describe
+
+
+def _cupy():
+    import cupy  # noqa: PLC0415 - only with the cuda backend
+
+    return cupy
 
 
 class GreedyTrainer:
@@ -86,7 +93,9 @@ class GreedyTrainer:
         self.layout = split_replicas(comm, replicas, grid, extent=network.input_shape[:2])
         self.plan = NetworkPlan(network, self.layout.grid, int(batch), dtype)
         self.batch, self.replicas, self.lam, self.tied, self.seed = int(batch), replicas, float(lam), tied, seed
-        self.params = self.plan.init_params(seed)
+        # With the cuda backend the weights, the optimizer state and the images live on the GPU.
+        self.xp = backend.array_module(None) if backend.name() != "cuda" else _cupy()
+        self.params = {k: self.xp.asarray(v) for k, v in self.plan.init_params(seed).items()}
         self.decoders = {} if tied else {i: w.copy() for i, w in self.params.items()}
         self.template = optimizer
         self.optimizer: Optimizer | None = None
@@ -125,7 +134,7 @@ class GreedyTrainer:
         except Exception as e:  # noqa: BLE001 - reported on every rank below
             err = f"reading images {first}..{first + self.batch - 1}: {type(e).__name__}: {e}"
         raise_collectively(self.world, err, RuntimeError)
-        x = self.plan.input_array(np.ascontiguousarray(xb, dtype=self.plan.dtype))
+        x = self.plan.input_array(self.xp.ascontiguousarray(self.xp.asarray(xb), dtype=self.plan.dtype))
         if stage == 0:
             return x
         y, _ = self.plan.forward(x, self.params, upto=3 * stage)
@@ -147,13 +156,13 @@ class GreedyTrainer:
             grads = allreduce.average(self.layout.replica_comm, grads)
             self.layout.replica_comm.Allreduce(MPI.IN_PLACE, losses, op=MPI.SUM)
             losses /= self.replicas
-        finite = bool(np.all(np.isfinite(losses)) and all(np.all(np.isfinite(g)) for g in grads.values()))
+        finite = bool(np.all(np.isfinite(losses)) and all(bool(self.xp.isfinite(g).all()) for g in grads.values()))
         finite = bool(self.world.allreduce(finite, op=MPI.LAND))  # every rank skips together
         if finite:
             self.bad_in_row = 0
             params = {"w": self.params[li]} if self.tied else {"w": self.params[li], "w_dec": self.decoders[li]}
             self.optimizer.step(params, grads)
-            ok = bool(self.world.allreduce(all(np.all(np.isfinite(p)) for p in params.values()), op=MPI.LAND))
+            ok = bool(self.world.allreduce(all(bool(self.xp.isfinite(p).all()) for p in params.values()), op=MPI.LAND))
             if not ok:
                 raise RuntimeError(f"training stopped: the update of stage {stage} step {self.stage_step} made the "
                                    "weights non-finite (learning rate too large?); nothing was saved after it"
@@ -314,9 +323,9 @@ class GreedyTrainer:
                     wanted[f"opt/{pname}/{slot}"] = stage_box
         arrays = checkpoint.load(p, comm, wanted, dtype=tr.plan.dtype)
         for li in tr.filter_layers:
-            tr.params[li] = arrays[f"w/{li}"]
+            tr.params[li] = tr.xp.asarray(arrays[f"w/{li}"])
             if not tr.tied:
-                tr.decoders[li] = arrays[f"w_dec/{li}"]
+                tr.decoders[li] = tr.xp.asarray(arrays[f"w_dec/{li}"])
         tr.stage, tr.stage_step = meta["stage"], meta["stage_step"]
         tr.position, tr.step, tr.skipped = meta["position"], meta["step"], meta["skipped"]
         tr.bad_in_row, tr._saved_step = meta.get("bad_in_row", 0), meta["step"]
@@ -330,7 +339,8 @@ class GreedyTrainer:
                 f"the checkpoint was trained with {opt['kind']}, the optimizer given is {type(tr.optimizer).__name__}")
             raise_collectively(comm, err)
             state = {k: v for k, v in opt.items() if k != "slot_names"}
-            state["slots"] = {n: {s: arrays[f"opt/{n}/{s}"] for s in slots} for n, slots in opt["slot_names"].items()}
+            state["slots"] = {n: {s: tr.xp.asarray(arrays[f"opt/{n}/{s}"]) for s in slots}
+                              for n, slots in opt["slot_names"].items()}
             given = (schedules_describe(tr.optimizer.schedule), tr.optimizer.hyper())
             tr.optimizer.load_state_dict(state)
             if given != (state["schedule"], state["hyper"]):

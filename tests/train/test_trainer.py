@@ -200,3 +200,20 @@ def optim_sgd_huge():
 def test_unwritable_metrics_file_is_named():
     with pytest.raises(ValueError, match="metrics_file /nonexistent/m.jsonl"):
         small_trainer(metrics_file="/nonexistent/m.jsonl")
+
+
+def test_training_on_the_emulated_cuda_kernels_matches_numpy(monkeypatch):
+    desc = {"input": [16, 15, 1], "stages": NET3["stages"][:2]}
+    imgs = np.random.default_rng(0).standard_normal((16, 16, 15, 1))
+
+    def weights(name):
+        monkeypatch.setenv("COTSDL_BACKEND", name)
+        tr = GreedyTrainer(Network.from_description(desc), InMemorySource(imgs), Adam(0.01), comm=MPI.COMM_SELF,
+                           batch=4, log_every=0)
+        tr.train([2, 2])
+        return [tr.gather_weights(k) for k in range(2)], [r["loss"] for r in tr.history]
+
+    (w_np, l_np), (w_emu, l_emu) = weights("numpy"), weights("cuda-emu")
+    np.testing.assert_allclose(l_emu, l_np, rtol=1e-4)
+    for a, b in zip(w_np, w_emu):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
