@@ -245,6 +245,14 @@ class ExchangePlan:
             self._buffers[key] = (send, recv, hsend, hrecv)
         return self._buffers[key]
 
+    @staticmethod
+    def _contiguous(arr: Any, box: Box, arr_box: Box) -> Any:
+        """The view of ``box`` in ``arr`` if it is one contiguous block of memory, else None."""
+        if backend.uses_kernels(arr):
+            return None  # the kernel path (GPU or emulated) keeps its own packing
+        view = arr[box.slices_in(arr_box)]
+        return view if view.flags.c_contiguous else None
+
     def _run(self, out: _Side, src: DistArray, src_box: Box, inc: _Side, dst: DistArray, dst_box: Box,
              tag: int, direction: str, add: bool, zero: Any) -> _Pending:
         t_start = time.perf_counter()
@@ -260,16 +268,24 @@ class ExchangePlan:
             # these buffers, a pool allocation) must finish before MPI writes to them.
             backend.synchronize(send)
         comm = self._wire
-        reqs = [comm.Irecv(wire_recv[inc.slot(i)], source=t.peer, tag=tag) for i, t in enumerate(inc.transfers)]
-        for i, t in enumerate(out.transfers):
-            boxcopy.pack(src.data, src_box, t.box, send[out.slot(i)])
+        # A box that is one contiguous run of the array (e.g. whole rows of (H, W, C, N))
+        # travels straight from and into the arrays: no packing, no extra copy.
+        direct_ok = hsend is None and not device
+        recv_views = [self._contiguous(dst.data, t.box, dst_box) if direct_ok and not add else None
+                      for t in inc.transfers]
+        reqs = [comm.Irecv(v if v is not None else wire_recv[inc.slot(i)], source=t.peer, tag=tag)
+                for i, (t, v) in enumerate(zip(inc.transfers, recv_views))]
+        send_views = [self._contiguous(src.data, t.box, src_box) if direct_ok else None for t in out.transfers]
+        for i, (t, v) in enumerate(zip(out.transfers, send_views)):
+            if v is None:
+                boxcopy.pack(src.data, src_box, t.box, send[out.slot(i)])
         if out.transfers and device:
             if hsend is None:
                 backend.synchronize(send)  # the packing must be done before MPI reads
             else:
                 backend.copy_to_host(send, hsend)
-        for i, t in enumerate(out.transfers):
-            buf = wire_send[out.slot(i)]
+        for i, (t, v) in enumerate(zip(out.transfers, send_views)):
+            buf = v if v is not None else wire_send[out.slot(i)]
             reqs.append(comm.Isend(buf, dest=t.peer, tag=tag))
             self.total_bytes_sent += buf.nbytes
         self.calls += 1
@@ -300,8 +316,9 @@ class ExchangePlan:
                 zero[...] = 0
             if mine is not None:
                 dst.data[own.slices_in(dst_box)] += mine
-            for i, t in enumerate(inc.transfers):
-                boxcopy.unpack(recv[inc.slot(i)], dst.data, dst_box, t.box, add)
+            for i, (t, v) in enumerate(zip(inc.transfers, recv_views)):
+                if v is None:
+                    boxcopy.unpack(recv[inc.slot(i)], dst.data, dst_box, t.box, add)
             self.seconds += time.perf_counter() - t_wait
 
         return _Pending(finish)
