@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -136,6 +137,26 @@ def _preamble(defines: Mapping[str, Any]) -> str:
     return "".join(f"#define {k} {v}\n" for k, v in sorted(defines.items()))
 
 
+def _inline_includes(folder: Path, file: str, seen: set[str]) -> str:
+    """The source of ``file`` with its local ``#include "x.cuh"`` files pasted in.
+
+    CuPy's kernel cache is keyed by the source string, not by included files: with the
+    headers inlined, editing one recompiles instead of reusing a stale binary.
+    """
+    if file in seen:
+        return ""
+    seen.add(file)
+    out = [f'#line 1 "{file}"']
+    for n, line in enumerate((folder / file).read_text().splitlines(), start=1):
+        m = re.match(r'\s*#\s*include\s*"([^"]+)"', line)
+        if m and (folder / m.group(1)).is_file():
+            out.append(_inline_includes(folder, m.group(1), seen))
+            out.append(f'#line {n + 1} "{file}"')
+        else:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
 @lru_cache(maxsize=None)
 def _module(kind: str, device: int, file: str, defines: tuple[tuple[str, Any], ...]):
     # COTSDL_KERNEL_CACHE puts compiled kernels somewhere node-local (clusters' home
@@ -144,7 +165,7 @@ def _module(kind: str, device: int, file: str, defines: tuple[tuple[str, Any], .
     if cache:
         os.environ.setdefault("CUPY_CACHE_DIR", os.path.join(cache, "cupy"))
     folder = cuda_dir()
-    code = _preamble(dict(defines)) + f'#line 1 "{file}"\n' + (folder / file).read_text()
+    code = _preamble(dict(defines)) + _inline_includes(folder, file, set())
     if kind == "cuda-emu":
         from . import cudaemu  # noqa: PLC0415
 

@@ -1,10 +1,14 @@
 // A block-tiled product C[m][n] = sum_k A[m][k] * B[k][n] for one TM x TN tile of C,
 // the common core of the locally-connected filter kernels.  The caller supplies the
 // index maps: a(m, k) and b(k, n) load an element (0 outside the matrix), and
-// store(m, n, v) writes one result.  Tiles: TM x TN outputs per block of
-// (TN/4) x (TM/4) threads, each thread a 4 x 4 register tile; K is streamed in chunks
-// of TK through shared memory.  A_K_FAST / B_N_FAST tell which index is contiguous in
-// memory, so that consecutive threads load consecutive addresses (coalescing).
+// store(m, n, v) writes one result.
+//
+// Threads: (TN/RN) x (TM/RM); each thread owns a contiguous RM x RN block of outputs
+// (rows ty*RM.., columns tx*RN..) held in registers.  K is streamed in chunks of TK
+// through shared memory; per chunk and k a thread reads RM + RN operands (vector
+// loads when RM or RN is a multiple of 4 and T is float) for RM*RN FMAs.
+// A_K_FAST / B_N_FAST say which index is contiguous in global memory, so that
+// consecutive threads load consecutive addresses (coalescing).
 #pragma once
 #ifndef TM
 #define TM 64
@@ -15,18 +19,47 @@
 #ifndef TK
 #define TK 16
 #endif
-#define GT_THREADS ((TM / 4) * (TN / 4))
+#ifndef RM
+#define RM 4
+#endif
+#ifndef RN
+#define RN 4
+#endif
+#define GT_THREADS ((TM / RM) * (TN / RN))
+// Rows padded to a multiple of 4 elements (16-byte aligned for float4) plus 4.
+#define GT_PAD(X) ((X) + 4)
+
+template <typename T, int R>
+__device__ __forceinline__ void gt_read(const T* p, T (&v)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) v[i] = p[i];
+}
+
+// float rows of a multiple of 4: 128-bit shared loads.
+template <int R>
+__device__ __forceinline__ void gt_read(const float* p, float (&v)[R]) {
+    if constexpr (R % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < R; i += 4) {
+            const float4 q = *reinterpret_cast<const float4*>(p + i);
+            v[i] = q.x; v[i + 1] = q.y; v[i + 2] = q.z; v[i + 3] = q.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < R; ++i) v[i] = p[i];
+    }
+}
 
 template <typename T, bool A_K_FAST, bool B_N_FAST, class LA, class LB, class ST>
 __device__ __forceinline__ void gemm_tile(int M, int N, int K, int m0, int n0, LA a, LB b, ST store) {
-    __shared__ T As[TK][TM + 1];
-    __shared__ T Bs[TK][TN + 1];
-    const int tid = threadIdx.y * (TN / 4) + threadIdx.x;
-    T acc[4][4];
+    __shared__ __align__(16) T As[TK][GT_PAD(TM)];
+    __shared__ __align__(16) T Bs[TK][GT_PAD(TN)];
+    const int tid = threadIdx.y * (TN / RN) + threadIdx.x;
+    T acc[RM][RN];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < RM; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = T(0);
+        for (int j = 0; j < RN; ++j) acc[i][j] = T(0);
     for (int k0 = 0; k0 < K; k0 += TK) {
         for (int e = tid; e < TM * TK; e += GT_THREADS) {
             int mm, kk;
@@ -43,24 +76,22 @@ __device__ __forceinline__ void gemm_tile(int M, int N, int K, int m0, int n0, L
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < TK; ++kk) {
-            T av[4], bv[4];
+            T av[RM], bv[RN];
+            gt_read(&As[kk][threadIdx.y * RM], av);
+            gt_read(&Bs[kk][threadIdx.x * RN], bv);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) av[i] = As[kk][threadIdx.y + i * (TM / 4)];
+            for (int i = 0; i < RM; ++i)
 #pragma unroll
-            for (int j = 0; j < 4; ++j) bv[j] = Bs[kk][threadIdx.x + j * (TN / 4)];
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
+                for (int j = 0; j < RN; ++j) acc[i][j] += av[i] * bv[j];
         }
         __syncthreads();
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int m = m0 + threadIdx.y + i * (TM / 4);
+    for (int i = 0; i < RM; ++i) {
+        const int m = m0 + threadIdx.y * RM + i;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int n = n0 + threadIdx.x + j * (TN / 4);
+        for (int j = 0; j < RN; ++j) {
+            const int n = n0 + threadIdx.x * RN + j;
             if (m < M && n < N) store(m, n, acc[i][j]);
         }
     }

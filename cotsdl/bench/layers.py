@@ -107,16 +107,22 @@ def device_ceilings(repeats: int = 5) -> dict[str, float]:
     """fp32 peak and memory bandwidth of the current GPU (device properties) and a measured cuBLAS sgemm."""
     import cupy  # noqa: PLC0415
 
-    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-    major, minor = props["major"], props["minor"]
+    rt, dev = cupy.cuda.runtime, cupy.cuda.Device().id
+    # Attributes, not getDeviceProperties: CUDA 13 dropped the clock fields from cudaDeviceProp.
+    attr = lambda a: rt.deviceGetAttribute(a, dev)  # noqa: E731
+    sms, clock_khz, mem_khz, bus_bits = attr(16), attr(13), attr(36), attr(37)
+    major, minor = attr(75), attr(76)
     lanes = {7: 64, 8: 64 if minor == 0 else 128}.get(major, 128)  # FP32 lanes per SM
-    peak = props["multiProcessorCount"] * lanes * 2 * props["clockRate"] * 1e3 / 1e9
-    bw = 2 * props["memoryClockRate"] * 1e3 * props["memoryBusWidth"] / 8 / 1e9
+    peak = sms * lanes * 2 * clock_khz * 1e3 / 1e9
+    bw = 2 * mem_khz * 1e3 * bus_bits / 8 / 1e9
+    name = rt.getDeviceProperties(dev)["name"]
     n = 8192
     a = cupy.random.standard_normal((n, n), dtype=cupy.float32)
     sync = cupy.cuda.get_current_stream().synchronize
     gemm = 2.0 * n ** 3 / best_time(lambda: a @ a, repeats, sync=sync) / 1e9
-    return {"name": props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),
+    if not peak > 0 or not bw > 0:
+        raise RuntimeError(f"cannot read the GPU's clock rates (peak {peak} GFLOP/s, bandwidth {bw} GB/s)")
+    return {"name": name.decode() if isinstance(name, bytes) else str(name), "compute_capability": f"{major}.{minor}",
             "fp32_peak_GFLOPs": peak, "memory_GBps": bw, "cublas_sgemm_GFLOPs": gemm}
 
 

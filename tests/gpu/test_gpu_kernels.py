@@ -56,16 +56,26 @@ def test_selftest_kernels_on_device(cp):
     np.testing.assert_array_equal(cp.asnumpy(hist), np.bincount(data, minlength=256))
 
 
+def _filter_cases():
+    import sys
+
+    sys.path.insert(0, str(HERE))
+    from test_layer_kernels import FILTER_CASES  # every tile shape the wrappers choose
+
+    return FILTER_CASES
+
+
+@pytest.mark.parametrize("case", _filter_cases())
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_layer_kernels_on_device_equal_numpy(cp, dtype):
+def test_layer_kernels_on_device_equal_numpy(cp, dtype, case):
     from cotsdl import ops
 
+    (H, W, C, N), size, stride, block, K = case
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((11, 13, 5, 37)).astype(dtype)
-    size, stride, block, K = (3, 5), (4, 3), (3, 2), 6
-    SH, SW = (11 - 3) // 4 + 1, (13 - 5) // 3 + 1
-    w = rng.standard_normal((SH, SW, block[0] * block[1] * K, 3, 5, 5)).astype(dtype)
-    dy = rng.standard_normal((SH * 3, SW * 2, K, 37)).astype(dtype)
+    x = rng.standard_normal((H, W, C, N)).astype(dtype)
+    SH, SW = (H - size[0]) // stride[0] + 1, (W - size[1]) // stride[1] + 1
+    w = rng.standard_normal((SH, SW, block[0] * block[1] * K, size[0], size[1], C)).astype(dtype)
+    dy = rng.standard_normal((SH * block[0], SW * block[1], K, N)).astype(dtype)
     tol = 1e-5 if dtype == np.float32 else 1e-12
 
     def same(dev, host):
@@ -78,10 +88,10 @@ def test_layer_kernels_on_device_equal_numpy(cp, dtype):
          ops.local_filter_backward_data(dy, w, stride, block, input_shape=x.shape))
     same(ops.local_filter_backward_weights(X, DY, size, stride, block),
          ops.local_filter_backward_weights(x, dy, size, stride, block))
-    p = ops.l2_pool(x, (2, 3), (1, 2), 0.01)
-    same(ops.l2_pool(X, (2, 3), (1, 2), 0.01), p)
+    p = ops.l2_pool(x, (2, 2), (1, 2), 0.01)
+    same(ops.l2_pool(X, (2, 2), (1, 2), 0.01), p)
     dp = rng.standard_normal(p.shape).astype(dtype)
-    same(ops.l2_pool_backward(cp.asarray(dp), X, cp.asarray(p), (2, 3), (1, 2)), ops.l2_pool_backward(dp, x, p, (2, 3), (1, 2)))
-    same(ops.lcn(X, 5, 1.0, 1e-3), ops.lcn(x, 5, 1.0, 1e-3))
+    same(ops.l2_pool_backward(cp.asarray(dp), X, cp.asarray(p), (2, 2), (1, 2)), ops.l2_pool_backward(dp, x, p, (2, 2), (1, 2)))
+    same(ops.lcn(X, 3, 1.0, 1e-3), ops.lcn(x, 3, 1.0, 1e-3))
     dz = rng.standard_normal(x.shape).astype(dtype)
-    same(ops.lcn_backward(cp.asarray(dz), X, 5, 1.0, 1e-3), ops.lcn_backward(dz, x, 5, 1.0, 1e-3))
+    same(ops.lcn_backward(cp.asarray(dz), X, 3, 1.0, 1e-3), ops.lcn_backward(dz, x, 3, 1.0, 1e-3))
