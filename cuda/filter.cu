@@ -66,32 +66,43 @@ __device__ void bwd_weights(const T* __restrict__ x, const T* __restrict__ dy, T
         [&](int m, int r, T v) { dws[(long long)m * R + r] = v; });
 }
 
-// dx[y0][x0][c][n] = sum over the sites covering pixel (y0, x0) and their M neurons of
-// W_s[m][(p, q, c)] dY_s[m][n]: a gather (no atomics), one GEMM (C x S'M)(S'M x N) per
-// pixel, S' the covering sites; GEMM rows are channels.
+// Backward-data as a gather (no atomics).  The input is cut into cells of sh x sw
+// pixels; all pixels of cell (u, v) are covered only by the ci x cj candidate sites
+// i = u - ti, j = v - tj (ci = ceil(rh/sh), cj = ceil(rw/sw)), and a pixel at (dy, dx)
+// in its cell sits at receptive-field position (p, q) = (dy + ti*sh, dx + tj*sw) of
+// candidate (ti, tj) -- the same for every cell.  So each cell is one GEMM
+//     dx[(dy, dx, c)][n] = sum_{(ti, tj, m)} W_s[m][(p, q, c)] dY_s[m][n]
+// with rows (dy, dx, c) (sh*sw*C of them) and K = ci*cj*M; a (p, q) outside the field,
+// or a candidate site outside the grid, contributes 0.  tab holds the decoded indices:
+// rows rdy, rdx, rc (R0 = sh*sw*C each) then K entries kti, ktj, km (K0 = ci*cj*M each).
+// blockIdx.x = cell * tiles + tile along n.
 template <typename T>
 __device__ void bwd_data(const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx,
-                         const long long* __restrict__ xoff, const long long* __restrict__ yoff, Geom g) {
-    const int tiles = (g.N + TN - 1) / TN, pix = blockIdx.x / tiles;
-    const int y0 = pix / g.W, x0 = pix % g.W;
+                         const int* __restrict__ tab, const long long* __restrict__ yoff, Geom g) {
+    const int tiles = (g.N + TN - 1) / TN, cell = blockIdx.x / tiles;
+    const int CW = (g.W + g.sw - 1) / g.sw, u = cell / CW, v = cell % CW;
     const int M = g.bh * g.bw * g.K, R = g.rh * g.rw * g.C;
-    // sites i with i*sh <= y0 < i*sh + rh, i in [0, SH)
-    const int i_lo = max(0, (y0 - g.rh + g.sh) / g.sh), i_hi = min(g.SH - 1, y0 / g.sh);
-    const int j_lo = max(0, (x0 - g.rw + g.sw) / g.sw), j_hi = min(g.SW - 1, x0 / g.sw);
-    const int ni = i_hi - i_lo + 1, nj = j_hi - j_lo + 1;
-    const int S = (ni > 0 && nj > 0) ? ni * nj : 0;
+    const int ci = (g.rh + g.sh - 1) / g.sh, cj = (g.rw + g.sw - 1) / g.sw;
+    const int R0 = g.sh * g.sw * g.C, K0 = ci * cj * M;
+    const int *rdy = tab, *rdx = tab + R0, *rc = tab + 2 * R0;
+    const int *kti = tab + 3 * R0, *ktj = kti + K0, *km = ktj + K0;
     gemm_tile<T, false, true>(
-        g.C, g.N, S * M, blockIdx.y * TM, (blockIdx.x % tiles) * TN,
-        [&](int c, int km) {
-            const int t = km / M, m = km % M, i = i_lo + t / nj, j = j_lo + t % nj;
-            const int r = ((y0 - i * g.sh) * g.rw + (x0 - j * g.sw)) * g.C + c;
-            return w[((long long)(i * g.SW + j) * M + m) * R + r];
+        R0, g.N, K0, blockIdx.y * TM, (blockIdx.x % tiles) * TN,
+        [&](int r, int k) {
+            const int i = u - kti[k], j = v - ktj[k];
+            const int p = rdy[r] + kti[k] * g.sh, q = rdx[r] + ktj[k] * g.sw;
+            if (i < 0 || j < 0 || i >= g.SH || j >= g.SW || p >= g.rh || q >= g.rw) return T(0);
+            return w[((long long)(i * g.SW + j) * M + km[k]) * R + (p * g.rw + q) * g.C + rc[r]];
         },
-        [&](int km, int n) {
-            const int t = km / M, m = km % M, i = i_lo + t / nj, j = j_lo + t % nj;
-            return dy[g.y_site(i, j) + yoff[m] + n];
+        [&](int k, int n) {
+            const int i = u - kti[k], j = v - ktj[k];
+            if (i < 0 || j < 0 || i >= g.SH || j >= g.SW) return T(0);
+            return dy[g.y_site(i, j) + yoff[km[k]] + n];
         },
-        [&](int c, int n, T v) { dx[(((long long)y0 * g.W + x0) * g.C + c) * g.N + n] = v; });
+        [&](int r, int n, T val) {
+            const int y0 = u * g.sh + rdy[r], x0 = v * g.sw + rdx[r];
+            if (y0 < g.H && x0 < g.W) dx[(((long long)y0 * g.W + x0) * g.C + rc[r]) * g.N + n] = val;
+        });
 }
 
 #define GEOM_PARAMS int H, int W, int C, int N, int SH, int SW, int rh, int rw, int sh, int sw, int bh, int bw, int K
@@ -104,8 +115,8 @@ __device__ void bwd_data(const T* __restrict__ dy, const T* __restrict__ w, T* _
     }                                                                                                   \
     extern "C" __global__ void __launch_bounds__(GT_THREADS, 1) filter_bwd_data_##SUF(                       \
             const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx,                        \
-            const long long* __restrict__ xoff, const long long* __restrict__ yoff, GEOM_PARAMS) {        \
-        bwd_data<T>(dy, w, dx, xoff, yoff, Geom GEOM_ARGS);                                             \
+            const int* __restrict__ tab, const long long* __restrict__ yoff, GEOM_PARAMS) {               \
+        bwd_data<T>(dy, w, dx, tab, yoff, Geom GEOM_ARGS);                                              \
     }                                                                                                   \
     extern "C" __global__ void __launch_bounds__(GT_THREADS, 1) filter_bwd_weights_##SUF(                    \
             const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dw,                        \

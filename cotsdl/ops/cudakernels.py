@@ -45,14 +45,25 @@ def _offsets(H, W, C, N, SW, rh, rw, block, K) -> tuple[np.ndarray, np.ndarray]:
     return xoff, yoff
 
 
-def _gemm_launch(name: str, like: Any, rows: int, cols: int, blocks: int, args: tuple, geom: tuple) -> None:
+def _cell_table(C: int, sh: int, sw: int, rh: int, rw: int, M: int) -> np.ndarray:
+    """Backward-data's decoded indices: rows (dy, dx, c) of a cell, then K entries (ti, tj, m)."""
+    dy, dx, c = (a.ravel() for a in np.meshgrid(np.arange(sh), np.arange(sw), np.arange(C), indexing="ij"))
+    ci, cj = -(-rh // sh), -(-rw // sw)
+    ti, tj, m = (a.ravel() for a in np.meshgrid(np.arange(ci), np.arange(cj), np.arange(M), indexing="ij"))
+    return np.concatenate([dy, dx, c, ti, tj, m]).astype(np.int32)
+
+
+def _gemm_launch(name: str, like: Any, rows: int, cols: int, blocks: int, args: tuple, geom: tuple,
+                 table: np.ndarray | None = None) -> None:
+    """Launch a filter GEMM kernel; ``table`` replaces ``xoff`` (backward-data's cell indices)."""
     t = _tiles(rows, cols, like.dtype)
     k = backend.kernel("filter.cu", f"{name}_{_suffix(like)}", t, device_array=backend.is_device_array(like))
     xp = backend.array_module(like)
     H, W, C, N, SH, SW, rh, rw, sh, sw, bh, bw, K = (int(v) for v in geom)
     xoff, yoff = (xp.asarray(o) for o in _offsets(H, W, C, N, SW, rh, rw, (bh, bw), K))
+    first = xoff if table is None else xp.asarray(table)
     grid = (blocks * -(-cols // t["TN"]), -(-rows // t["TM"]), 1)
-    backend.launch(k, grid, (t["TN"] // t["RN"], t["TM"] // t["RM"]), args + (xoff, yoff) + geom)
+    backend.launch(k, grid, (t["TN"] // t["RN"], t["TM"] // t["RM"]), args + (first, yoff) + geom)
 
 
 def _geom(H, W, C, N, SH, SW, rh, rw, stride, block, K) -> tuple:
@@ -79,8 +90,10 @@ def filter_backward_data(dy: Any, w: Any, stride: tuple[int, int], block: tuple[
     xp = backend.array_module(dy)
     dx = xp.empty((H, W, C, N), dy.dtype)
     if dx.size:
-        _gemm_launch("filter_bwd_data", dy, C, N, H * W, (_contig(dy), _contig(w), dx),
-                     _geom(H, W, C, N, SH, SW, rh, rw, stride, block, K))
+        sh, sw = stride
+        cells = -(-H // sh) * -(-W // sw)
+        _gemm_launch("filter_bwd_data", dy, sh * sw * C, N, cells, (_contig(dy), _contig(w), dx),
+                     _geom(H, W, C, N, SH, SW, rh, rw, stride, block, K), _cell_table(C, sh, sw, rh, rw, M))
     return dx
 
 
