@@ -67,6 +67,9 @@ def write_json(path: str, data: Any) -> None:
     """Write ``data`` to ``path`` atomically: a reader never sees half a file."""
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".cotsdl-", suffix=".json", dir=folder)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a result file is for everyone
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2)
