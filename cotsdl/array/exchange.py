@@ -4,9 +4,12 @@ A plan is built once, collectively, from the box every rank owns in a source
 layout and the window every rank needs in a destination layout (they may be
 different grids).  ``exchange`` overwrites every destination window with the
 owners' data; ``exchange_adjoint`` is its transpose: it sends window contents
-back to their owners, which *add* them.  Messages are non-blocking, travel in
-one contiguous packed buffer per direction, and only peers with a non-empty
-intersection talk; a rank's intersection with itself is a local copy.
+back to their owners, which *add* them.  Messages are non-blocking; a box that is one contiguous
+run of memory (whole rows of (H, W, C, N)) is sent from and received into the arrays
+directly, other boxes travel through one packed buffer per direction.  Only peers
+with a non-empty intersection talk; a rank's intersection with itself is a local
+copy.  Between ``start()`` and ``wait()`` neither array may be touched: the source
+may still be being read by MPI.
 """
 from __future__ import annotations
 
@@ -194,13 +197,15 @@ class ExchangePlan:
         self.start_adjoint(dst, src, accumulate, validate).wait()
 
     def start(self, src: DistArray, dst: DistArray, validate: bool = True) -> _Pending:
-        """Begin :meth:`exchange`; interior work may overlap until ``wait()``.
+        """Begin :meth:`exchange`; work on *other* data may overlap until ``wait()``
+        (the source is sent straight from its memory when a box is contiguous, so it
+        must not change before ``wait()``).
 
         ``validate=False`` skips the collective check of the buffers (one small
         allreduce); hot loops whose buffers come from the plan's own arrays use it.
         """
         if validate:
-            self._validate(src, dst)
+            self._validate(src, dst, "destination")
         sends, recvs = self._fwd
         return self._run(sends, src, src.window, recvs, dst, dst.window, self._tags[0], "fwd", add=False,
                          zero=None)
@@ -209,14 +214,14 @@ class ExchangePlan:
                       validate: bool = True) -> _Pending:
         """Begin :meth:`exchange_adjoint`."""
         if validate:
-            self._validate(src, dst)
+            self._validate(src, dst, "source")
         recvs, sends = self._fwd  # the adjoint reverses every message
         zero = None if accumulate else src.owned_data
         return self._run(sends, dst, dst.window, recvs, src, src.window, self._tags[1], "adj", add=True,
                          zero=zero)
 
     # -- machinery ----------------------------------------------------------
-    def _validate(self, src: DistArray, dst: DistArray) -> None:
+    def _validate(self, src: DistArray, dst: DistArray, written: str) -> None:
         err = None
         for name, arr, box, attr in (("source", src, self.owned, "owned"), ("destination", dst, self.window, "window")):
             if getattr(arr, attr) != box:
@@ -226,6 +231,8 @@ class ExchangePlan:
                        f"the plan was built for shape {self.shape} dtype {self.dtype}")
             elif not fits(arr.data, arr.window):
                 err = f"{name} buffer shape {tuple(arr.data.shape)} does not match its window {arr.window}"
+            elif name == written and not getattr(getattr(arr.data, "flags", None), "writeable", True):
+                err = f"{name} buffer is read-only, and this exchange writes into it"
             if err:
                 break
         if err is None and backend.is_device_array(src.data) != backend.is_device_array(dst.data):

@@ -90,6 +90,7 @@ def save(folder: str | os.PathLike, step: int, comm: MPI.Comm, arrays: dict[str,
     if rank == 0:
         try:
             folder.mkdir(parents=True, exist_ok=True)
+            _recover_replaced(folder)
             if partial.exists():
                 shutil.rmtree(partial)  # left over from a run killed while writing
             partial.mkdir()
@@ -111,8 +112,8 @@ def save(folder: str | os.PathLike, step: int, comm: MPI.Comm, arrays: dict[str,
             with open(tmp, "rb+") as fh:
                 os.fsync(fh.fileno())
             os.replace(tmp, partial / fname)
-        except OSError as e:
-            err = f"cannot write checkpoint file {partial / fname}: {e}"
+        except Exception as e:  # noqa: BLE001 - every rank must learn of it
+            err = f"cannot write checkpoint file {partial / fname}: {type(e).__name__}: {e}"
     raise_collectively(comm, err, OSError)
     all_pieces = comm.gather(pieces, root=0)
     shapes = {name: list(shape) for name, (shape, _, _) in arrays.items()}
@@ -135,10 +136,20 @@ def save(folder: str | os.PathLike, step: int, comm: MPI.Comm, arrays: dict[str,
                 shutil.rmtree(old, ignore_errors=True)
             for stale in folder.glob(".ckpt-*.partial"):  # left by runs killed while writing
                 shutil.rmtree(stale, ignore_errors=True)
-        except OSError as e:
-            err = f"cannot commit checkpoint {final}: {e}"
+        except Exception as e:  # noqa: BLE001 - a failure on rank 0 alone must not hang the others
+            err = f"cannot commit checkpoint {final}: {type(e).__name__}: {e}"
     raise_collectively(comm, err, OSError)
     return final
+
+
+def _recover_replaced(folder: Path) -> None:
+    """Undo a re-save of a step killed between its two renames: put the old copy back."""
+    for trash in folder.glob(".ckpt-*.replaced-*"):
+        final = folder / trash.name[1:].split(".replaced-")[0]
+        if final.exists():
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(trash, final)
 
 
 def read_index(path: str | os.PathLike) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from .. import backend
 from . import schedules
 
 
@@ -97,7 +98,9 @@ class Optimizer:
         self.schedule = schedules.from_description(d["schedule"])
         for k, v in d["hyper"].items():
             setattr(self, k, v)
-        self.state = {n: {k: np.array(a) for k, a in s.items()} for n, s in d["slots"].items()}
+        # a copy in the array's own library: CuPy state stays on the device
+        self.state = {n: {k: backend.array_module(a).array(a, copy=True) for k, a in s.items()}
+                      for n, s in d["slots"].items()}
 
 
 class SGD(Optimizer):

@@ -86,8 +86,20 @@ class Warmup:
 KINDS = {"constant": Constant, "step": StepDecay, "polynomial": Polynomial, "cosine": Cosine, "warmup": Warmup}
 
 
+def _plain(s: Any) -> None:
+    """Fields as plain Python numbers (NumPy scalars would not survive JSON in checkpoints)."""
+    for name, value in asdict(s).items() if not isinstance(s, Warmup) else ():
+        if isinstance(value, numbers.Integral):
+            object.__setattr__(s, name, int(value))
+        elif isinstance(value, numbers.Real):
+            object.__setattr__(s, name, float(value))
+
+
 def validate(s: Any) -> Any:
+    _plain(s)
     if isinstance(s, Warmup):
+        object.__setattr__(s, "warmup_steps", int(s.warmup_steps))
+        object.__setattr__(s, "start_factor", float(s.start_factor))
         if int(s.warmup_steps) < 1:
             raise ValueError(f"warmup_steps must be >= 1, got {s.warmup_steps!r}")
         validate(s.after)

@@ -92,7 +92,7 @@ class GreedyTrainer:
         self.world, self.network, self.data = comm, network, data
         self.layout = split_replicas(comm, replicas, grid, extent=network.input_shape[:2])
         self.plan = NetworkPlan(network, self.layout.grid, int(batch), dtype)
-        self.batch, self.replicas, self.lam, self.tied, self.seed = int(batch), replicas, float(lam), tied, seed
+        self.batch, self.replicas, self.lam, self.tied, self.seed = int(batch), int(replicas), float(lam), tied, int(seed)
         # With the cuda backend the weights, the optimizer state and the images live on the GPU.
         self.xp = backend.array_module(None) if backend.name() != "cuda" else _cupy()
         self.params = {k: self.xp.asarray(v) for k, v in self.plan.init_params(seed).items()}
@@ -128,13 +128,16 @@ class GreedyTrainer:
     # -- one step -----------------------------------------------------------------
     def _stage_input(self, stage: int) -> DistArray:
         first = self.position + self.layout.replica * self.batch
-        err, xb = None, None
+        err, x = None, None
         try:
             xb = self.data.read(first, self.batch, self.plan.input_owned)
+            want = self.plan.input_owned.shape
+            if tuple(xb.shape) != want:
+                raise ValueError(f"the source returned shape {tuple(xb.shape)}, expected {want}")
+            x = self.plan.input_array(self.xp.ascontiguousarray(self.xp.asarray(xb), dtype=self.plan.dtype))
         except Exception as e:  # noqa: BLE001 - reported on every rank below
             err = f"reading images {first}..{first + self.batch - 1}: {type(e).__name__}: {e}"
         raise_collectively(self.world, err, RuntimeError)
-        x = self.plan.input_array(self.xp.ascontiguousarray(self.xp.asarray(xb), dtype=self.plan.dtype))
         if stage == 0:
             return x
         y, _ = self.plan.forward(x, self.params, upto=3 * stage)
@@ -243,8 +246,13 @@ class GreedyTrainer:
                   f"{rec['images_per_s']:.1f} images/s; compute {comp * 1e3:.1f} ms, exchange "
                   f"{rec['exchange_seconds'] * 1e3:.1f} ms; lr {rec['lr']:.3g}")
         if self.metrics_file and self._is_root:
-            with open(self.metrics_file, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+            try:
+                with open(self.metrics_file, "a") as f:
+                    f.write(json.dumps(rec) + "\n")
+            except OSError as e:  # rank 0 alone: warn and stop writing rather than leave the others waiting
+                print(f"warning: cannot append to {self.metrics_file} ({e.strerror}); metrics are no longer written",
+                      file=sys.stderr, flush=True)
+                self.metrics_file = None
 
     # -- checkpoints ----------------------------------------------------------------
     def _arrays(self) -> dict[str, tuple]:
@@ -287,8 +295,10 @@ class GreedyTrainer:
         """A trainer continuing from checkpoint ``path`` (a ``ckpt-*`` folder, or a folder of them:
         the latest written), on any number of ranks and grid.
 
-        ``replicas`` defaults to the saved number when it divides the ranks, else 1;
-        ``batch`` to keeping the saved global batch.  The optimizer's saved state,
+        On as many ranks as it was saved from, the saved replicas and grid are reused
+        (and the run continues bitwise-identically); otherwise ``replicas`` defaults to
+        the ranks over the grid's size when ``grid`` is given, else to the saved number
+        when it divides the ranks, else 1; ``batch`` to keeping the saved global batch.  The optimizer's saved state,
         schedule and hyper-parameters are restored (``optimizer`` gives its kind; change
         ``trainer.optimizer`` afterwards to alter them); the data stream continues at
         the saved position.
@@ -299,8 +309,14 @@ class GreedyTrainer:
             raise_collectively(comm, None if found else f"no completed checkpoint in {p}")
             p = found
         meta = checkpoint.read_index(p)["meta"]
+        saved_grid = tuple(meta["grid"])
+        if grid is None and replicas is None and comm.Get_size() == meta["replicas"] * saved_grid[0] * saved_grid[1]:
+            grid, replicas = saved_grid, meta["replicas"]  # the same layout: bitwise-identical continuation
         if replicas is None:
-            replicas = meta["replicas"] if comm.Get_size() % meta["replicas"] == 0 else 1
+            if grid is not None:
+                replicas = max(1, comm.Get_size() // (int(grid[0]) * int(grid[1])))
+            else:
+                replicas = meta["replicas"] if comm.Get_size() % meta["replicas"] == 0 else 1
         if batch is None:
             total = meta["batch"] * meta["replicas"]
             raise_collectively(comm, None if total % replicas == 0 else

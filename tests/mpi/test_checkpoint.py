@@ -83,3 +83,16 @@ def test_a_read_error_on_one_rank_stops_every_rank(comm):
         tr.train_stage(0, 5)
     assert tr.step == 2
     tr.layout.free()
+
+
+def test_resume_on_the_same_ranks_keeps_the_saved_grid(comm, tmp_path_factory):
+    if comm.Get_size() < 2:
+        pytest.skip("needs a grid that is not the default")
+    folder = comm.bcast(str(tmp_path_factory.mktemp("ck3")) if comm.Get_rank() == 0 else None)
+    tr = make(comm, grid=(1, comm.Get_size()), ckdir=folder)
+    tr.train_stage(0, 1)
+    tr.save()
+    again = GreedyTrainer.resume(folder, tr.data, Adam(0.01), comm=comm, log=open("/dev/null", "w"))
+    assert again.layout.grid.dims == (1, comm.Get_size()) and again.replicas == 1
+    tr.layout.free()
+    again.layout.free()

@@ -158,3 +158,18 @@ def test_arrays_on_communicators_with_different_ranks(comm):
     raises_everywhere(comm, lambda: ExchangePlan.between(src, dst), "different communicators")
     rev.Free()
     grid.free()
+
+
+def test_read_only_destination_is_refused_everywhere(comm):
+    shape = (6, 5, 1, 2)
+    grid = ProcessGrid(comm, grids()[0])
+    src = DistArray.on_grid(grid, shape, np.float64)
+    dst = DistArray.on_grid(grid, shape, np.float64)
+    plan = ExchangePlan.between(src, dst)
+    if comm.Get_rank() == LAST:
+        dst.data.setflags(write=False)
+    raises_everywhere(comm, lambda: plan.exchange(src, dst), "read-only")
+    src.data.setflags(write=False)  # a read-only source is fine for the forward exchange
+    dst.data.setflags(write=True)
+    plan.exchange(src, dst)
+    grid.free()

@@ -217,3 +217,24 @@ def test_training_on_the_emulated_cuda_kernels_matches_numpy(monkeypatch):
     np.testing.assert_allclose(l_emu, l_np, rtol=1e-4)
     for a, b in zip(w_np, w_emu):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_numpy_scalars_in_hyper_parameters_survive_checkpoints(tmp_path):
+    from cotsdl.train import schedules
+
+    opt = Adam(schedules.Cosine(np.float32(0.01), total_steps=np.int64(100)))
+    tr = small_trainer(tmp_path, opt=opt, seed=np.int64(7))
+    tr.train_stage(0, 1)
+    tr.save()
+    again = GreedyTrainer.resume(str(tmp_path), tr.data, Adam(0.01), comm=MPI.COMM_SELF, log=open(os.devnull, "w"))
+    assert again.seed == 7 and again.optimizer.schedule == schedules.Cosine(np.float32(0.01), 100)
+
+
+def test_a_short_batch_is_reported_clearly():
+    class Short(InMemorySource):
+        def read(self, first, count, window):
+            return super().read(first, count, window)[..., :count - 1]
+
+    tr = small_trainer(data=Short(np.random.default_rng(0).standard_normal((20, 24, 24, 1))))
+    with pytest.raises(RuntimeError, match="the source returned shape"):
+        tr.train_stage(0, 1)
