@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from .. import backend
 from .box import Box
 from .collective import raise_collectively
 from .distarray import DistArray, layout_error
@@ -68,7 +69,5 @@ def _root_error(comm: MPI.Comm, root: int) -> str | None:
 
 
 def _zeros_like(sample: Any, shape: tuple[int, ...], dtype: Any = None) -> Any:
-    from .. import backend  # noqa: PLC0415
-
     xp = backend.array_module(sample)
     return xp.zeros(shape, dtype=sample.dtype if dtype is None else dtype)

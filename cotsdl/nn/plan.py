@@ -98,7 +98,8 @@ class NetworkPlan:
         self.grid.comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
         return backend.array_module(a).asarray(host)
 
-    def _ctx(self, lp: LayerPlan, params: dict[int, np.ndarray] | None) -> Context:
+    def context(self, lp: LayerPlan, params: dict[int, np.ndarray] | None) -> Context:
+        """The boxes, group reduction and weights a layer computes with on this rank."""
         return Context(lp.in_shape, lp.window, lp.out, self._allreduce,
                        None if params is None else params.get(lp.index))
 
@@ -111,7 +112,7 @@ class NetworkPlan:
         for lp in self.layers[:upto]:
             win = DistArray(cur.comm, lp.in_shape, lp.window, data=xp.empty(lp.window.shape, self.dtype))
             lp.exchange.exchange(cur, win, validate=False)
-            y, cache = lp.layer.forward_local(win.data, self._ctx(lp, params))
+            y, cache = lp.layer.forward_local(win.data, self.context(lp, params))
             if y.dtype != self.dtype or y.shape != lp.out.shape:  # numpy 2 promotes silently
                 raise AssertionError(f"layer {lp.index} produced {y.dtype} {y.shape}, expected {self.dtype} {lp.out.shape}")
             tape.inputs.append(win.data)
@@ -128,7 +129,7 @@ class NetworkPlan:
         for lp in reversed(self.layers[:len(tape.inputs)]):
             i = lp.index
             dx, dw = lp.layer.backward_local(cur.data, tape.inputs[i], tape.outputs[i], tape.caches[i],
-                                             self._ctx(lp, params))
+                                             self.context(lp, params))
             if dw is not None:
                 grads[i] = dw
             dwin = DistArray(cur.comm, lp.in_shape, lp.window, data=dx.astype(self.dtype, copy=False))

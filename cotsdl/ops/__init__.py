@@ -85,8 +85,10 @@ def l2_pool_backward(dy, x, y, size, stride):
     """Gradient w.r.t. x given dy, the input x and the output y of :func:`l2_pool`."""
     _args.activations("x", x)
     _args.same_dtype(dy=dy, x=x, y=y)
+    size, stride = _args.pair("size", size), _args.pair("stride", stride)
+    _pool.check_backward(dy, x, y, size, stride)
     impl = _cuda.pool_backward if _kernels(dy, x, y) else _pool.backward
-    return impl(dy, x, y, _args.pair("size", size), _args.pair("stride", stride))
+    return impl(dy, x, y, size, stride)
 
 
 def _lcn_args(x, size, sigma, eps) -> tuple[int, float, float]:

@@ -4,12 +4,13 @@ through the emulator with ``COTSDL_BACKEND=cuda-emu``).
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
 from .. import backend
-from .filtering import check_weights
+from .filtering import check_backward_data, check_backward_weights, check_weights
 
 _SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 THREADS = 256
@@ -34,6 +35,7 @@ def _tiles(m: int, n: int, dtype: Any = np.float32) -> dict[str, int]:
     return {"TM": 16 if m <= 16 else 32 if m <= 32 else 64, "TN": 32 if n <= 32 else 64, "RM": 4, "RN": 4}
 
 
+@lru_cache(maxsize=64)
 def _offsets(H, W, C, N, SW, rh, rw, block, K) -> tuple[np.ndarray, np.ndarray]:
     """xoff[r]: offset of receptive-field element r = (p*rw + q)*C + c from a site's corner in x;
     yoff[m]: offset of neuron m = (a*bw + b)*K + k from a site's corner in y (n excluded)."""
@@ -42,15 +44,20 @@ def _offsets(H, W, C, N, SW, rh, rw, block, K) -> tuple[np.ndarray, np.ndarray]:
     bh, bw = block
     a, b, k = np.meshgrid(np.arange(bh), np.arange(bw), np.arange(K), indexing="ij")
     yoff = (((a * (SW * bw) + b) * K + k) * N).astype(np.int64).ravel()
+    xoff.setflags(write=False)  # cached and shared between calls
+    yoff.setflags(write=False)
     return xoff, yoff
 
 
+@lru_cache(maxsize=64)
 def _cell_table(C: int, sh: int, sw: int, rh: int, rw: int, M: int) -> np.ndarray:
     """Backward-data's decoded indices: rows (dy, dx, c) of a cell, then K entries (ti, tj, m)."""
     dy, dx, c = (a.ravel() for a in np.meshgrid(np.arange(sh), np.arange(sw), np.arange(C), indexing="ij"))
     ci, cj = -(-rh // sh), -(-rw // sw)
     ti, tj, m = (a.ravel() for a in np.meshgrid(np.arange(ci), np.arange(cj), np.arange(M), indexing="ij"))
-    return np.concatenate([dy, dx, c, ti, tj, m]).astype(np.int32)
+    tab = np.concatenate([dy, dx, c, ti, tj, m]).astype(np.int32)
+    tab.setflags(write=False)  # cached and shared between calls
+    return tab
 
 
 def _gemm_launch(name: str, like: Any, rows: int, cols: int, blocks: int, args: tuple, geom: tuple,
@@ -83,10 +90,8 @@ def filter_forward(x: Any, w: Any, stride: tuple[int, int], block: tuple[int, in
 
 def filter_backward_data(dy: Any, w: Any, stride: tuple[int, int], block: tuple[int, int], input_shape) -> Any:
     H, W = int(input_shape[0]), int(input_shape[1])
-    SH, SW, M, rh, rw, C, K = check_weights((H, W, w.shape[5]), w, stride, block)
+    SH, SW, M, rh, rw, C, K = check_backward_data(dy.shape, w, stride, block, input_shape)
     N = dy.shape[3]
-    if tuple(dy.shape[:3]) != (SH * block[0], SW * block[1], K):
-        raise ValueError(f"dy has shape {tuple(dy.shape[:3])} (+N), expected {(SH * block[0], SW * block[1], K)} for these weights")
     xp = backend.array_module(dy)
     dx = xp.empty((H, W, C, N), dy.dtype)
     if dx.size:
@@ -100,11 +105,7 @@ def filter_backward_data(dy: Any, w: Any, stride: tuple[int, int], block: tuple[
 def filter_backward_weights(x: Any, dy: Any, size: tuple[int, int], stride: tuple[int, int], block: tuple[int, int]) -> Any:
     H, W, C, N = x.shape
     rh, rw = size
-    SH, SW = (H - rh) // stride[0] + 1, (W - rw) // stride[1] + 1
-    if dy.shape[0] != SH * block[0] or dy.shape[1] != SW * block[1] or dy.shape[3] != N:
-        raise ValueError(f"dy has shape {tuple(dy.shape)}, expected ({SH * block[0]}, {SW * block[1]}, K, {N}) for x "
-                         f"{tuple(x.shape)}, size {size}, stride {stride}, block {block}")
-    K = dy.shape[2]
+    SH, SW, K = check_backward_weights(x.shape, dy.shape, size, stride, block)
     M, R = block[0] * block[1] * K, rh * rw * C
     xp = backend.array_module(x)
     if N == 0:  # no images: the gradient is zero
@@ -133,10 +134,7 @@ def pool_forward(x: Any, size, stride, eps: float) -> Any:
 
 def pool_backward(dy: Any, x: Any, y: Any, size, stride) -> Any:
     H, W, C, N = x.shape
-    PH, PW = (H - size[0]) // stride[0] + 1, (W - size[1]) // stride[1] + 1
-    if tuple(y.shape) != (PH, PW, C, N) or tuple(dy.shape) != tuple(y.shape):
-        raise ValueError(f"l2_pool_backward: y {tuple(y.shape)} and dy {tuple(dy.shape)} must both be "
-                         f"{(PH, PW, C, N)} for x {tuple(x.shape)}, size {tuple(size)}, stride {tuple(stride)}")
+    PH, PW = y.shape[:2]
     dx = backend.array_module(x).empty(x.shape, x.dtype)
     if dx.size == 0:
         return dx

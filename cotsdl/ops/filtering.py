@@ -39,6 +39,27 @@ def check_weights(x_shape: Sequence[int], w: Any, stride: tuple[int, int], block
     return SH, SW, m, rh, rw, c, m // (block[0] * block[1])
 
 
+def check_backward_data(dy_shape: Sequence[int], w: Any, stride, block, input_shape) -> tuple[int, ...]:
+    """Validate backward-data's arguments (both backends); return (SH, SW, M, rh, rw, C, K)."""
+    H, W = int(input_shape[0]), int(input_shape[1])
+    SH, SW, M, rh, rw, C, K = check_weights((H, W, w.shape[5]), w, stride, block)
+    if tuple(dy_shape[:3]) != (SH * block[0], SW * block[1], K):
+        raise ValueError(f"dy has shape {tuple(dy_shape[:3])} (+N), expected {(SH * block[0], SW * block[1], K)} "
+                         "for these weights")
+    return SH, SW, M, rh, rw, C, K
+
+
+def check_backward_weights(x_shape: Sequence[int], dy_shape: Sequence[int], size, stride, block) -> tuple[int, int, int]:
+    """Validate backward-weights' arguments (both backends); return (SH, SW, K)."""
+    H, W, C, N = x_shape
+    _args.fits("receptive field", (H, W), size)
+    SH, SW = (H - size[0]) // stride[0] + 1, (W - size[1]) // stride[1] + 1
+    if dy_shape[0] != SH * block[0] or dy_shape[1] != SW * block[1] or dy_shape[3] != N:
+        raise ValueError(f"dy has shape {tuple(dy_shape)}, expected ({SH * block[0]}, {SW * block[1]}, K, {N}) for x "
+                         f"{tuple(x_shape)}, size {tuple(size)}, stride {tuple(stride)}, block {tuple(block)}")
+    return SH, SW, int(dy_shape[2])
+
+
 def _patches(x: np.ndarray, size: tuple[int, int], stride: tuple[int, int], sites: tuple[int, int]) -> np.ndarray:
     """Strided view (SH, SW, rh, rw, C, N) of the receptive fields; no copy."""
     H, W, C, N = x.shape
@@ -88,9 +109,7 @@ def backward_data(dy: np.ndarray, w: np.ndarray, stride: tuple[int, int], block:
                   input_shape: Sequence[int]) -> np.ndarray:
     H, W = int(input_shape[0]), int(input_shape[1])
     N = dy.shape[3]
-    SH, SW, M, rh, rw, C, K = check_weights((H, W, w.shape[5]), w, stride, block)
-    if dy.shape[:3] != (SH * block[0], SW * block[1], K):
-        raise ValueError(f"dy has shape {dy.shape[:3]} (+N), expected {(SH * block[0], SW * block[1], K)} for these weights")
+    SH, SW, M, rh, rw, C, K = check_backward_data(dy.shape, w, stride, block, input_shape)
     dys = np.ascontiguousarray(_output_to_sites(dy, block)).reshape(SH * SW, M, N)
     wt = w.reshape(SH * SW, M, rh * rw * C).transpose(0, 2, 1)
     sh, sw = stride
@@ -118,13 +137,8 @@ def backward_weights(x: np.ndarray, dy: np.ndarray, size: tuple[int, int], strid
                      block: tuple[int, int]) -> np.ndarray:
     H, W, C, N = x.shape
     rh, rw = size
-    _args.fits("receptive field", (H, W), size)
-    SH, SW = (H - rh) // stride[0] + 1, (W - rw) // stride[1] + 1
+    SH, SW, K = check_backward_weights(x.shape, dy.shape, size, stride, block)
     bh, bw = block
-    if dy.shape[0] != SH * bh or dy.shape[1] != SW * bw or dy.shape[3] != N:
-        raise ValueError(f"dy has shape {dy.shape}, expected ({SH * bh}, {SW * bw}, K, {N}) for x {x.shape}, "
-                         f"size {size}, stride {stride}, block {block}")
-    K = dy.shape[2]
     M, R = bh * bw * K, rh * rw * C
     # dY_s^T (N x M) per site: then dW_s^T = X_s dY_s^T is a plain (R x N)(N x M)
     # product, which BLAS runs about twice as fast as the transposed-operand form

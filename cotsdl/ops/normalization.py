@@ -65,6 +65,12 @@ def _embed(u: np.ndarray, u_box: Box, into: Box, image: Box) -> np.ndarray:
     return out
 
 
+def _renorm(out: Box, image: Box, g1: np.ndarray, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Border weights of the window over ``out``: rows zr, columns zc, and Z = zr zc^T (h, w, 1)."""
+    zr, zc = (_border_weight(out.lo[a], out.hi[a], image.hi[a], g1) for a in (0, 1))
+    return zr, zc, np.outer(zr, zc).astype(dtype)[:, :, None]
+
+
 def smooth(u: np.ndarray, u_box: Box, out: Box, image: Box, g1: np.ndarray) -> np.ndarray:
     """(1/Z) * sum_{p,q} g[p,q] u[i+p-rho, j+q-rho] over ``out``; ``u`` (h, w, N) given on ``u_box``.
 
@@ -73,7 +79,7 @@ def smooth(u: np.ndarray, u_box: Box, out: Box, image: Box, g1: np.ndarray) -> n
     rho = len(g1) // 2
     if out.is_empty:
         return backend.array_module(u).zeros(out.shape + u.shape[2:], u.dtype)
-    zr, zc = (_border_weight(out.lo[a], out.hi[a], image.hi[a], g1) for a in (0, 1))
+    zr, zc, z = _renorm(out, image, g1, u.dtype)
     if backend.uses_kernels(u):  # two passes of cuda/lcn.cu, the second divides by Z
         mid = Box((out.lo[0], u_box.lo[1]), (out.hi[0], u_box.hi[1]))
         rows = cudakernels.corr_axis(u, u_box, mid, image.hi, g1, 0)
@@ -81,8 +87,7 @@ def smooth(u: np.ndarray, u_box: Box, out: Box, image: Box, g1: np.ndarray) -> n
     g = g1.astype(u.dtype)
     padded = _embed(u, u_box, _widen(out, rho), image)
     r = _corr(_corr(padded, g, 0, out.shape[0]), g, 1, out.shape[1])
-    z = np.outer(zr, zc).astype(u.dtype)
-    return r / z.reshape(z.shape + (1,) * (u.ndim - 2))
+    return r / z
 
 
 def smooth_adjoint(u: np.ndarray, out: Box, target: Box, image: Box, g1: np.ndarray) -> np.ndarray:
@@ -92,9 +97,7 @@ def smooth_adjoint(u: np.ndarray, out: Box, target: Box, image: Box, g1: np.ndar
     if out.is_empty or target.is_empty:
         return xp.zeros(target.shape + u.shape[2:], u.dtype)
     g = g1.astype(u.dtype)
-    z = np.outer(_border_weight(out.lo[0], out.hi[0], image.hi[0], g1),
-                 _border_weight(out.lo[1], out.hi[1], image.hi[1], g1)).astype(u.dtype)
-    t = u / xp.asarray(z.reshape(z.shape + (1,) * (u.ndim - 2)))
+    t = u / xp.asarray(_renorm(out, image, g1, u.dtype)[2])
     if backend.uses_kernels(u):  # g is symmetric: the transpose is the same two passes
         mid = Box((target.lo[0], out.lo[1]), (target.hi[0], out.hi[1]))
         return cudakernels.corr_axis(cudakernels.corr_axis(t, out, mid, image.hi, g1, 0), mid, target, image.hi, g1, 1)

@@ -14,6 +14,15 @@ def out_extent(hw, size, stride) -> tuple[int, int]:
     return tuple((L - p) // q + 1 for L, p, q in zip(hw, size, stride))  # type: ignore[return-value]
 
 
+def check_backward(dy, x, y, size, stride) -> None:
+    """y and dy must be the pooled shape of x (both backends; the kernel trusts it)."""
+    H, W, C, N = x.shape
+    PH, PW = out_extent((H, W), size, stride)
+    if tuple(y.shape) != (PH, PW, C, N) or tuple(dy.shape) != tuple(y.shape):
+        raise ValueError(f"l2_pool_backward: y {tuple(y.shape)} and dy {tuple(dy.shape)} must both be "
+                         f"{(PH, PW, C, N)} for x {tuple(x.shape)}, size {tuple(size)}, stride {tuple(stride)}")
+
+
 def _window_sum(a: np.ndarray, size, stride, out) -> np.ndarray:
     (ph, pw), (qh, qw), (PH, PW) = size, stride, out
     rows = a[0:qh * (PH - 1) + 1:qh].copy()

@@ -16,7 +16,6 @@ where dW_F(a, b) is the filter's backward-weights with input a and output gradie
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -89,8 +88,8 @@ class StageObjective:
         xp = backend.array_module(x.data)
         N = self.plan.batch
         dec = w if w_dec is None else w_dec
-        ctx = self.plan._ctx(f, {f.index: w})
-        ctx_dec = self.plan._ctx(f, {f.index: dec})
+        ctx = self.plan.context(f, {f.index: w})
+        ctx_dec = self.plan.context(f, {f.index: dec})
         xwin = DistArray(x.comm, f.in_shape, f.window, data=xp.empty(f.window.shape, dt))
         f.exchange.exchange(x, xwin, validate=False)
         h, _ = layer.forward_local(xwin.data, ctx)
@@ -105,7 +104,7 @@ class StageObjective:
         # sparsity: L2 pool of h over the pool's windows
         hwin = DistArray(x.comm, pl.in_shape, pl.window, data=xp.empty(pl.window.shape, dt))
         pl.exchange.exchange(DistArray(x.comm, f.out_shape, f.out, f.out, data=h), hwin, validate=False)
-        p, _ = pl.layer.forward_local(hwin.data, self.plan._ctx(pl, None))
+        p, _ = pl.layer.forward_local(hwin.data, self.plan.context(pl, None))
         rec, spa = self._reduce(float((r * r).sum()), float(p.sum()))
         parts = LossParts((rec + self.lam * spa) / N, rec / N, self.lam * spa / N)
         # backward
@@ -114,7 +113,7 @@ class StageObjective:
         f.exchange.exchange(dxh, dxh_win, validate=False)
         dh = layer.forward_local(dxh_win.data, ctx_dec)[0]
         dp = xp.full(p.shape, dt.type(self.lam / N), dt)
-        dh_win, _ = pl.layer.backward_local(dp, hwin.data, p, None, self.plan._ctx(pl, None))
+        dh_win, _ = pl.layer.backward_local(dp, hwin.data, p, None, self.plan.context(pl, None))
         dh_sp = DistArray(x.comm, f.out_shape, f.out, f.out, data=xp.empty(f.out.shape, dt))
         pl.exchange.exchange_adjoint(DistArray(x.comm, pl.in_shape, pl.window, data=dh_win), dh_sp, validate=False)
         dh = dh + dh_sp.data

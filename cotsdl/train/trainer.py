@@ -20,7 +20,6 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import backend
-from ..array.box import Box
 from ..array.collect import gather
 from ..array.collective import raise_collectively
 from ..array.distarray import DistArray

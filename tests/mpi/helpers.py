@@ -1,5 +1,4 @@
 """Shared helpers of the multi-rank tests (every rank draws the same random case)."""
-import numpy as np
 from mpi4py import MPI
 
 from cotsdl.array.box import Box, grow

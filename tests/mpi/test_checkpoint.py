@@ -6,7 +6,7 @@ from mpi4py import MPI
 from cotsdl.io import checkpoint
 from cotsdl.nn import Network
 from cotsdl.train import Adam, GreedyTrainer, InMemorySource
-from helpers import P, agree
+from helpers import agree
 from test_trainer_hybrid import DESC
 
 

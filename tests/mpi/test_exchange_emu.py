@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from cotsdl.array import Box, DistArray, ExchangePlan, ProcessGrid, grow
+from cotsdl.array import DistArray, ExchangePlan, ProcessGrid
 from helpers import agree, grids, random_halo_windows, random_shape
 
 

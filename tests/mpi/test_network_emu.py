@@ -6,16 +6,13 @@ import pytest
 from cotsdl.nn import Network
 from helpers import agree, grids
 from netcases import DESC
-from test_network import BATCH, run
+from test_network import run
 
 TWO = {"input": DESC["input"], "stages": DESC["stages"][:2]}
 
 
 @pytest.mark.parametrize("dims", grids()[:1])
 def test_two_stage_network_on_emulated_kernels(comm, monkeypatch, dims):
-    import netcases
-
-    monkeypatch.setattr(netcases, "network", lambda: Network.from_description(TWO))
     import test_network
 
     monkeypatch.setattr(test_network, "network", lambda: Network.from_description(TWO))

@@ -1,7 +1,6 @@
 """Distributed == serial for the stage objective J and its gradient, P = 1..4, several grids."""
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 from cotsdl.array import DistArray, ProcessGrid, gather
 from cotsdl.nn import NetworkPlan
