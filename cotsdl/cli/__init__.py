@@ -15,7 +15,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="versions, MPI library, CUDA-aware MPI, kernel folder")
     ck = sub.add_parser("check-kernels", help="compile every CUDA kernel with NVRTC for sm_70/80/90; fail on errors or spills")
-    from . import check_kernels  # noqa: PLC0415 - no MPI, no GPU needed
+    from .. import check_kernels  # noqa: PLC0415 - no MPI, no GPU needed
 
     check_kernels.add_arguments(ck)
     bench = sub.add_parser("bench", help="benchmarks (print a table; --json writes the numbers)")
@@ -48,8 +48,8 @@ def _parser() -> argparse.ArgumentParser:
 def _info() -> int:
     from mpi4py import MPI  # noqa: PLC0415
 
-    from . import __version__, backend  # noqa: PLC0415
-    from .array.cudampi import cuda_aware_mpi  # noqa: PLC0415
+    from .. import __version__, backend  # noqa: PLC0415
+    from ..array.cudampi import cuda_aware_mpi  # noqa: PLC0415
 
     comm = MPI.COMM_WORLD
     if comm.Get_rank() == 0:
@@ -65,8 +65,8 @@ def _bench_exchange(args) -> int:
     import numpy as np  # noqa: PLC0415
     from mpi4py import MPI  # noqa: PLC0415
 
-    from .array.collective import raise_collectively  # noqa: PLC0415
-    from .bench import common, exchange  # noqa: PLC0415
+    from ..array.collective import raise_collectively  # noqa: PLC0415
+    from ..bench import common, exchange  # noqa: PLC0415
 
     comm = MPI.COMM_WORLD  # the program's world: the library itself always takes a communicator
     raise_collectively(comm, common.check_output_path(args.json) if comm.Get_rank() == 0 else None)
@@ -80,8 +80,8 @@ def _bench_exchange(args) -> int:
 def _bench_layers(args) -> int:
     import numpy as np  # noqa: PLC0415
 
-    from . import ops  # noqa: PLC0415
-    from .bench import common, layers  # noqa: PLC0415
+    from .. import ops  # noqa: PLC0415
+    from ..bench import common, layers  # noqa: PLC0415
 
     err = common.check_output_path(args.json)
     if err is None and args.repeats < 1:
@@ -99,7 +99,7 @@ def _bench_layers(args) -> int:
 
 
 def _bench_emulator(args) -> int:
-    from .bench import common, emulator  # noqa: PLC0415
+    from ..bench import common, emulator  # noqa: PLC0415
 
     err = common.check_output_path(args.json)
     if err is None and (args.blocks < 1 or not 1 <= args.threads <= 1024 or args.iters < 1):
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "info":
             return _info()
         if args.command == "check-kernels":
-            from . import check_kernels  # noqa: PLC0415
+            from .. import check_kernels  # noqa: PLC0415
 
             return check_kernels.run_args(args)
         if args.command == "bench" and args.bench == "exchange":

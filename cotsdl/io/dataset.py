@@ -1,0 +1,265 @@
+"""The HDF5 image-dataset format: writing a file, and checking what a file holds.
+
+A dataset file holds
+
+- ``images``: (N, H, W, C) or (N, H, W), uint8, float32 or float64, any chunking
+  and compression (the writer makes one image per chunk);
+- ``labels`` (optional): (N,) integers (the ``faces`` set: 1 = face, 0 = distractor);
+- ``image_mean``, ``image_std``: (N,) float64 per-image statistics of the pixel
+  values *as the reader returns them* (uint8 scaled to [0, 1]) over all pixels and
+  channels, so that every rank can standardize its own window of an image without
+  any other rank's pixels;
+- attributes ``cotsdl_format`` (the version, 1) and ``recipe`` (JSON: how it was built).
+
+Files are written to a temporary name in the destination folder and renamed when
+complete, so a failed or interrupted build leaves no half-written file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import h5py
+import numpy as np
+
+FORMAT_VERSION = 1
+DTYPES = (np.dtype(np.uint8), np.dtype(np.float32), np.dtype(np.float64))
+
+
+class DatasetError(ValueError):
+    """A dataset file that cannot be used; the message names the file and what is wrong."""
+
+
+def pixel_scale(dtype: Any) -> float:
+    """The factor the reader applies to stored values (uint8 -> [0, 1])."""
+    return 1.0 / 255.0 if np.dtype(dtype) == np.uint8 else 1.0
+
+
+def image_stats(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-image mean and standard deviation (float64, over all pixels and channels) of
+    (n, H, W[, C]) stored values, in the units the reader returns."""
+    x = np.asarray(images).reshape(len(images), -1).astype(np.float64) * pixel_scale(images.dtype)
+    return x.mean(axis=1), x.std(axis=1)
+
+
+class DatasetWriter:
+    """Write a dataset file image batch by image batch (constant memory for big builds).
+
+    Parameters
+    ----------
+    path : str or Path
+        The file to create (replaced only when the new one is complete).
+    count : int
+        Number of images N.
+    image_shape : (H, W) or (H, W, C)
+    dtype : uint8, float32 or float64
+    recipe : dict
+        How the file was built (stored as JSON in the ``recipe`` attribute).
+    labels : bool
+        Whether ``add`` receives labels.
+    compression : None, "gzip" or "lzf"
+
+    Use as a context manager; on an exception the temporary file is removed.
+    """
+
+    def __init__(self, path: str | os.PathLike, count: int, image_shape: Sequence[int], dtype: Any = np.uint8,
+                 recipe: dict[str, Any] | None = None, labels: bool = False, compression: str | None = None):
+        self.path = Path(path)
+        dtype = np.dtype(dtype)
+        if dtype not in DTYPES:
+            raise DatasetError(f"{self.path}: images must be uint8, float32 or float64, got {dtype}")
+        if count < 1 or len(image_shape) not in (2, 3) or min(image_shape) < 1:
+            raise DatasetError(f"{self.path}: need count >= 1 and an (H, W) or (H, W, C) image shape, "
+                               f"got {count} and {tuple(image_shape)}")
+        folder = self.path.parent if str(self.path.parent) else Path(".")
+        if not folder.is_dir():
+            raise DatasetError(f"{self.path}: folder {folder} does not exist")
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".partial", dir=folder)
+        os.close(fd)
+        self._tmp = Path(tmp)
+        self.count, self.n = int(count), 0
+        self._file = h5py.File(self._tmp, "w")
+        shape = (self.count,) + tuple(int(v) for v in image_shape)
+        self._images = self._file.create_dataset("images", shape, dtype, chunks=(1,) + shape[1:],
+                                                 compression=compression)
+        self._labels = self._file.create_dataset("labels", (self.count,), np.int64) if labels else None
+        self._mean = np.zeros(self.count)
+        self._std = np.zeros(self.count)
+        self._file.attrs["cotsdl_format"] = FORMAT_VERSION
+        self._file.attrs["recipe"] = json.dumps(recipe or {}, sort_keys=True)
+
+    def add(self, images: np.ndarray, labels: Sequence[int] | None = None) -> None:
+        """Append (n, H, W[, C]) images (and their labels)."""
+        images = np.asarray(images)
+        if images.ndim == len(self._images.shape) - 1:
+            images = images[None]
+        if images.shape[1:] != self._images.shape[1:] or images.dtype != self._images.dtype:
+            raise DatasetError(f"{self.path}: images of shape {images.shape[1:]} and dtype {images.dtype} added to "
+                               f"a dataset of {self._images.shape[1:]} {self._images.dtype}")
+        if images.dtype != np.uint8 and not np.all(np.isfinite(images)):
+            bad = int(np.flatnonzero(~np.isfinite(images.reshape(len(images), -1)).all(axis=1))[0])
+            raise DatasetError(f"{self.path}: image {self.n + bad} has NaN or Inf values")
+        k = len(images)
+        if self.n + k > self.count:
+            raise DatasetError(f"{self.path}: more than the {self.count} images announced")
+        if (labels is None) != (self._labels is None):
+            raise DatasetError(f"{self.path}: labels {'missing' if labels is None else 'not expected'}")
+        self._images[self.n:self.n + k] = images
+        if labels is not None:
+            self._labels[self.n:self.n + k] = np.asarray(labels, np.int64).reshape(k)
+        self._mean[self.n:self.n + k], self._std[self.n:self.n + k] = image_stats(images)
+        self.n += k
+
+    def close(self) -> Path:
+        """Finish the file and move it into place."""
+        if self.n != self.count:
+            raise DatasetError(f"{self.path}: {self.n} images written, {self.count} announced")
+        self._file.create_dataset("image_mean", data=self._mean)
+        self._file.create_dataset("image_std", data=self._std)
+        self._file.close()
+        os.chmod(self._tmp, 0o644)
+        os.replace(self._tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        try:
+            self._file.close()
+        finally:
+            self._tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> "DatasetWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def write_dataset(path: str | os.PathLike, images: np.ndarray, labels: Sequence[int] | None = None,
+                  recipe: dict[str, Any] | None = None, compression: str | None = None) -> Path:
+    """Write (N, H, W[, C]) ``images`` (and labels) as a dataset file in one call."""
+    images = np.asarray(images)
+    if images.ndim not in (3, 4):
+        raise DatasetError(f"{path}: images must be (N, H, W) or (N, H, W, C), got shape {images.shape}")
+    with DatasetWriter(path, len(images), images.shape[1:], images.dtype, recipe, labels is not None,
+                       compression) as w:
+        for i in range(0, len(images), 256):
+            w.add(images[i:i + 256], None if labels is None else np.asarray(labels)[i:i + 256])
+    return Path(path)
+
+
+@dataclass
+class DatasetInfo:
+    """What a dataset file holds (``inspect`` fills it; ``problems`` lists what is wrong)."""
+
+    path: str
+    count: int = 0
+    image_shape: tuple[int, int, int] = (0, 0, 0)
+    dtype: str = ""
+    stored_shape: tuple[int, ...] = ()
+    chunks: tuple[int, ...] | None = None
+    compression: str | None = None
+    labels: dict[str, int] | None = None
+    has_stats: bool = False
+    format_version: int | None = None
+    recipe: Any = None
+    problems: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = [f"{self.path}: cotsdl dataset format {self.format_version}" if self.format_version is not None
+                 else f"{self.path}: no cotsdl_format attribute (a plain HDF5 file)"]
+        if self.count:
+            h, w, c = self.image_shape
+            lines.append(f"  images: {self.count} x {h}x{w}x{c} {self.dtype} (stored as {self.stored_shape}, "
+                         f"chunks {self.chunks}, compression {self.compression})")
+        if self.labels is not None:
+            lines.append("  labels: " + ", ".join(f"{k}: {v}" for k, v in sorted(self.labels.items())))
+        lines.append(f"  per-image statistics: {'yes' if self.has_stats else 'no'}")
+        if self.recipe:
+            lines.append(f"  recipe: {json.dumps(self.recipe, sort_keys=True)}")
+        return "\n".join(lines)
+
+
+def inspect(path: str | os.PathLike) -> DatasetInfo:
+    """Read a file's structure (not its pixels) and list its problems.
+
+    Raises
+    ------
+    DatasetError
+        When the file is missing or not a readable HDF5 file.
+    """
+    path = Path(path)
+    info = DatasetInfo(str(path))
+    if not path.is_file():
+        raise DatasetError(f"dataset {path}: no such file" if not path.exists() else f"dataset {path}: not a file")
+    try:
+        with h5py.File(path, "r") as f:
+            _inspect_open(f, info)
+    except OSError as e:
+        raise DatasetError(f"dataset {path}: cannot read it as HDF5 (truncated or corrupt?): {e}") from None
+    return info
+
+
+def _inspect_open(f: h5py.File, info: DatasetInfo) -> None:
+    v = f.attrs.get("cotsdl_format")
+    info.format_version = int(v) if v is not None else None
+    if info.format_version is not None and info.format_version > FORMAT_VERSION:
+        info.problems.append(f"format version {info.format_version} is newer than this cotsdl's {FORMAT_VERSION}")
+    try:
+        info.recipe = json.loads(f.attrs.get("recipe", "{}"))
+    except (TypeError, ValueError):
+        info.recipe = str(f.attrs.get("recipe"))
+    if "images" not in f:
+        info.problems.append(f"no 'images' dataset (it holds: {', '.join(sorted(f.keys())) or 'nothing'})")
+        return
+    d = f["images"]
+    if not isinstance(d, h5py.Dataset):
+        info.problems.append("'images' is a group, not a dataset")
+        return
+    info.stored_shape, info.dtype, info.chunks, info.compression = tuple(d.shape), str(d.dtype), d.chunks, d.compression
+    if d.ndim not in (3, 4):
+        info.problems.append(f"'images' must be (N, H, W) or (N, H, W, C), got shape {d.shape}")
+        return
+    if np.dtype(d.dtype) not in DTYPES:
+        info.problems.append(f"'images' must be uint8, float32 or float64, got dtype {d.dtype}")
+    info.count = int(d.shape[0])
+    info.image_shape = tuple(int(s) for s in d.shape[1:3]) + (int(d.shape[3]) if d.ndim == 4 else 1,)
+    if info.count == 0 or min(info.image_shape) == 0:
+        info.problems.append(f"'images' is empty (shape {d.shape})")
+    if "labels" in f:
+        lab = f["labels"]
+        if not isinstance(lab, h5py.Dataset) or lab.shape != (info.count,) or not np.issubdtype(lab.dtype, np.integer):
+            info.problems.append(f"'labels' must be ({info.count},) integers, got "
+                                 f"{getattr(lab, 'shape', 'a group')} {getattr(lab, 'dtype', '')}")
+        else:
+            values, counts = np.unique(lab[()], return_counts=True)
+            info.labels = {str(int(k)): int(c) for k, c in zip(values, counts)}
+    stats = [f.get(k) for k in ("image_mean", "image_std")]
+    info.has_stats = all(isinstance(s, h5py.Dataset) and s.shape == (info.count,) for s in stats)
+    if any(s is not None for s in stats) and not info.has_stats:
+        info.problems.append(f"'image_mean'/'image_std' must both be ({info.count},) arrays")
+
+
+def check_for_network(info: DatasetInfo, input_shape: Sequence[int], global_batch: int | None = None,
+                      needs_stats: bool = False) -> list[str]:
+    """Why the dataset cannot feed a network with ``input_shape`` (H, W, C) and batch (empty: it can)."""
+    out = list(info.problems)
+    if not info.count:
+        return out
+    want = tuple(int(v) for v in input_shape)
+    if info.image_shape != want:
+        h, w, c = info.image_shape
+        out.append(f"images are {h}x{w}x{c}, the network's input is {want[0]}x{want[1]}x{want[2]} "
+                   "(make a matching file: cotsdl prepare-data ... --size H W [--channels C])")
+    if global_batch is not None and info.count < global_batch:
+        out.append(f"{info.count} image(s), fewer than one global batch of {global_batch}")
+    if needs_stats and not info.has_stats:
+        out.append("no per-image statistics ('image_mean', 'image_std'), which preprocessing needs "
+                   "(add them: cotsdl prepare-data stats FILE, or set data.preprocess = \"none\")")
+    return out
