@@ -22,4 +22,6 @@ def raise_collectively(comm: MPI.Comm, error: str | None, exc_type: type[Excepti
     rank, msg = next((r, e) for r, e in enumerate(errors) if e is not None)
     nfail = sum(e is not None for e in errors)
     more = f"; {nfail - 1} more rank(s) failed too" if nfail > 1 else ""
-    raise exc_type(f"{msg} [reported by rank {rank} of {comm.Get_size()}{more}]")
+    exc = exc_type(f"{msg} [reported by rank {rank} of {comm.Get_size()}{more}]")
+    exc.collective = True  # raised on every rank alike: a program may end MPI cleanly after it
+    raise exc

@@ -11,8 +11,9 @@ gets its part of the same images; replica r of R reads positions
 ``[(i*R + r)*B, (i*R + r + 1)*B)`` for batch i of size B, so replicas get different
 images and one process reading ``[i*R*B, (i+1)*R*B)`` sees exactly their union.
 The stream order depends only on the seed: resuming at a batch index needs no other
-state.  Any object with ``image_shape`` and ``read`` is a source (an HDF5 reader
-plugs in here).
+state.  Any object with ``image_shape`` and ``read`` is a source; one with a
+``prefetch(first, count, window)`` method is told what the next ``read`` will be
+(``cotsdl.io.reader.HDF5Source`` reads it in a background thread).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Protocol
 import numpy as np
 
 from ..array.box import Box
+from ..io.order import StreamOrder
 
 
 class DataSource(Protocol):
@@ -53,28 +55,15 @@ class InMemorySource:
         self.images = images
         self.seed, self.shuffle = int(seed), bool(shuffle)
         self.image_shape = tuple(int(v) for v in images.shape[1:])
-        self._perm: tuple[int, np.ndarray] | None = None
+        self.order = StreamOrder(len(images), seed, shuffle)
 
     def __len__(self) -> int:
         """Images in one epoch."""
         return len(self.images)
 
-    def _order(self, epoch: int) -> np.ndarray:
-        if self._perm is None or self._perm[0] != epoch:
-            n = len(self.images)
-            p = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
-            self._perm = (epoch, p)
-        return self._perm[1]
-
     def indices(self, first: int, count: int) -> np.ndarray:
         """Image indices at stream positions [first, first + count)."""
-        n = len(self.images)
-        pos = np.arange(first, first + count)
-        out = np.empty(count, np.int64)
-        for e in np.unique(pos // n):
-            sel = pos // n == e
-            out[sel] = self._order(int(e))[pos[sel] % n]
-        return out
+        return self.order.indices(first, count)
 
     def read(self, first: int, count: int, window: Box) -> np.ndarray:
         if first < 0 or count < 1:

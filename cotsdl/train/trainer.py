@@ -14,7 +14,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -37,6 +37,18 @@ def _cupy():
     import cupy  # noqa: PLC0415 - only with the cuda backend
 
     return cupy
+
+
+class TrainingInterrupted(Exception):
+    """Training stopped at a step boundary because ``should_stop`` asked for it on some rank.
+
+    ``checkpoint`` is the folder written just before stopping (None without ``checkpoint_dir``).
+    """
+
+    def __init__(self, step: int, checkpoint: Path | None):
+        where = f"; checkpoint {checkpoint}" if checkpoint else ""
+        super().__init__(f"training interrupted at global step {step}{where}")
+        self.step, self.checkpoint = step, checkpoint
 
 
 class GreedyTrainer:
@@ -66,13 +78,17 @@ class GreedyTrainer:
         a JSON line to ``metrics_file``.
     max_bad_steps : int
         Consecutive non-finite steps (skipped) after which training stops.
+    should_stop : callable or None
+        Asked on every rank after every step; when it returns True on any rank, every
+        rank writes a checkpoint (with ``checkpoint_dir``) and raises
+        :class:`TrainingInterrupted` (how the command line handles SIGTERM/SIGUSR1).
     """
 
     def __init__(self, network: Network, data: Any, optimizer: Optimizer, *, comm: MPI.Comm, batch: int,
                  replicas: int = 1, grid: Sequence[int] | None = None, lam: float = 0.1, tied: bool = True,
                  seed: int = 0, dtype: Any = np.float32, checkpoint_dir: str | None = None,
                  checkpoint_every: int = 0, keep: int = 3, log_every: int = 10, metrics_file: str | None = None,
-                 max_bad_steps: int = 5, log=sys.stdout):
+                 max_bad_steps: int = 5, log=sys.stdout, should_stop: Callable[[], bool] | None = None):
         err = None
         if tuple(getattr(data, "image_shape", ())) != network.input_shape:
             err = f"the data's images are {getattr(data, 'image_shape', None)}, the network takes {network.input_shape}"
@@ -106,6 +122,7 @@ class GreedyTrainer:
         self.checkpoint_dir, self.checkpoint_every, self.keep = checkpoint_dir, int(checkpoint_every), int(keep)
         self.log_every, self.metrics_file, self._log = int(log_every), metrics_file, log
         self.history: list[dict[str, Any]] = []
+        self.should_stop = should_stop
         self._is_root = comm.Get_rank() == 0
 
     # -- inspection -------------------------------------------------------------
@@ -134,6 +151,8 @@ class GreedyTrainer:
             if tuple(xb.shape) != want:
                 raise ValueError(f"the source returned shape {tuple(xb.shape)}, expected {want}")
             x = self.plan.input_array(self.xp.ascontiguousarray(self.xp.asarray(xb), dtype=self.plan.dtype))
+            if hasattr(self.data, "prefetch"):  # the next step's images, read while this one computes
+                self.data.prefetch(first + self.batch * self.replicas, self.batch, self.plan.input_owned)
         except Exception as e:  # noqa: BLE001 - reported on every rank below
             err = f"reading images {first}..{first + self.batch - 1}: {type(e).__name__}: {e}"
         raise_collectively(self.world, err, RuntimeError)
@@ -226,7 +245,22 @@ class GreedyTrainer:
                     self._say(f"checkpoint at step {self.step} skipped: the last step was not finite")
                 else:
                     self.save()
+            self._check_stop()
         return records
+
+    def _check_stop(self) -> None:
+        if self.should_stop is None:
+            return
+        # one agreed decision: a signal may reach some ranks only, or at different times
+        if not self.world.allreduce(int(bool(self.should_stop())), op=MPI.MAX):
+            return
+        saved = None
+        if self.checkpoint_dir:
+            saved = self.latest_checkpoint() if self._saved_step == self.step else self.save()
+        raise TrainingInterrupted(self.step, saved)
+
+    def latest_checkpoint(self) -> Path | None:
+        return checkpoint.latest(self.checkpoint_dir) if self.checkpoint_dir else None
 
     def train(self, steps_per_stage: Sequence[int]) -> None:
         """Train every stage from the current one on; a resumed run finishes the current stage first."""

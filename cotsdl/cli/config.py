@@ -1,0 +1,341 @@
+"""Training configs: TOML files checked against a schema, with defaults and ``--set`` overrides.
+
+The only place that reads config files.  ``load(path, overrides)`` returns the
+*resolved* config (every default filled in) as plain data, or raises
+:class:`ConfigError` naming the file, the key path (``network.stages[1].filter.stride``),
+the value and what is allowed; an unknown key is an error with a did-you-mean
+suggestion.  ``dumps`` writes a resolved config back as TOML (the run folder's
+``config.toml``).
+"""
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+REQUIRED = object()
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used: names the file, key path, value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key: a checker (value -> error text or None), a default, a description."""
+
+    check: Callable[[Any], str | None]
+    default: Any = REQUIRED
+    doc: str = ""
+
+
+# -- checkers (each returns what is allowed when the value is not) -------------------
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def integer(lo: int | None = None, hi: int | None = None) -> Callable[[Any], str | None]:
+    def check(v):
+        if not _is_int(v) or (lo is not None and v < lo) or (hi is not None and v > hi):
+            rng = f" >= {lo}" if hi is None and lo is not None else (f" in [{lo}, {hi}]" if hi is not None else "")
+            return f"must be an integer{rng}"
+        return None
+    return check
+
+
+def number(lo: float | None = None, lo_open: bool = False, hi: float | None = None, hi_open: bool = False):
+    def check(v):
+        bad = not _is_num(v) or (lo is not None and (v <= lo if lo_open else v < lo)) or (
+            hi is not None and (v >= hi if hi_open else v > hi))
+        if bad:
+            parts = ([f"{'>' if lo_open else '>='} {lo}"] if lo is not None else []) + (
+                [f"{'<' if hi_open else '<='} {hi}"] if hi is not None else [])
+            return "must be a number" + (" " + " and ".join(parts) if parts else "")
+        return None
+    return check
+
+
+def boolean(v: Any) -> str | None:
+    return None if isinstance(v, bool) else "must be true or false"
+
+
+def string(v: Any) -> str | None:
+    return None if isinstance(v, str) and v else "must be a non-empty string"
+
+
+def choice(*allowed: str) -> Callable[[Any], str | None]:
+    return lambda v: None if v in allowed else "must be one of " + ", ".join(f'"{a}"' for a in allowed)
+
+
+def ints(n: int, lo: int = 1) -> Callable[[Any], str | None]:
+    def check(v):
+        ok = isinstance(v, list) and len(v) == n and all(_is_int(x) and x >= lo for x in v)
+        return None if ok else f"must be a list of {n} integers >= {lo}"
+    return check
+
+
+def per_stage(item: Callable[[Any], str | None], what: str) -> Callable[[Any], str | None]:
+    """A value for every stage, or a list with one per stage (the length is checked later)."""
+    def check(v):
+        vals = v if isinstance(v, list) else [v]
+        ok = len(vals) >= 1 and all(item(x) is None for x in vals)
+        return None if ok else f"must be {what}, or a list of them (one per stage)"
+    return check
+
+
+def either(*checks: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+    def check(v):
+        errs = [c(v) for c in checks]
+        return None if any(e is None for e in errs) else " or ".join(e.removeprefix("must be ") for e in errs)
+    return lambda v: (None if (e := check(v)) is None else "must be " + e)
+
+
+# -- the schema --------------------------------------------------------------------
+STAGE = {
+    "filter": {"size": Key(ints(2), doc="receptive field [rh, rw]"),
+               "stride": Key(ints(2), doc="[sh, sw]"),
+               "block": Key(ints(2), [1, 1], "[bh, bw] neurons per site sharing a field"),
+               "channels": Key(integer(1), doc="K: maps per block")},
+    "pool": {"size": Key(ints(2), doc="[ph, pw]"),
+             "stride": Key(ints(2), doc="[qh, qw]"),
+             "eps": Key(number(0), 0.0, "inside the square root")},
+    "lcn": {"size": Key(lambda v: None if _is_int(v) and v >= 1 and v % 2 else "must be an odd integer >= 1",
+                        doc="odd Gaussian window width"),
+            "sigma": Key(number(0, lo_open=True), doc="Gaussian std"),
+            "eps": Key(number(0), 1e-4, "floor of the divisor")},
+}
+
+OPTIMIZER_KEYS: dict[str, dict[str, Key]] = {
+    "sgd": {"momentum": Key(number(0, hi=1, hi_open=True), 0.0), "nesterov": Key(boolean, False)},
+    "momentum": {"momentum": Key(number(0, hi=1, hi_open=True), 0.9)},
+    "nesterov": {"momentum": Key(number(0, lo_open=True, hi=1, hi_open=True), 0.9)},
+    "adagrad": {"eps": Key(number(0, lo_open=True), 1e-10)},
+    "rmsprop": {"rho": Key(number(0, hi=1, hi_open=True), 0.9), "eps": Key(number(0, lo_open=True), 1e-8)},
+    "adam": {"beta1": Key(number(0, hi=1, hi_open=True), 0.9), "beta2": Key(number(0, hi=1, hi_open=True), 0.999),
+             "eps": Key(number(0, lo_open=True), 1e-8)},
+    "lars": {"momentum": Key(number(0, hi=1, hi_open=True), 0.9), "eta": Key(number(0, lo_open=True), 0.001)},
+    "lamb": {"beta1": Key(number(0, hi=1, hi_open=True), 0.9), "beta2": Key(number(0, hi=1, hi_open=True), 0.999),
+             "eps": Key(number(0, lo_open=True), 1e-6)},
+}
+OPTIMIZER_COMMON = {"kind": Key(choice(*OPTIMIZER_KEYS), "momentum", "the paper's: momentum"),
+                    "lr": Key(number(0, lo_open=True), 0.01, "learning rate (the schedule's peak)"),
+                    "weight_decay": Key(number(0), 0.0),
+                    "clip_norm": Key(number(0, lo_open=True), None, "clip the gradient's global norm")}
+
+SCHEDULE_KEYS: dict[str, dict[str, Key]] = {
+    "constant": {},
+    "step": {"step_size": Key(integer(1)), "gamma": Key(number(0, lo_open=True), 0.1)},
+    "polynomial": {"total_steps": Key(integer(1)), "power": Key(number(0, lo_open=True), 1.0),
+                   "end_lr": Key(number(0), 0.0)},
+    "cosine": {"total_steps": Key(integer(1)), "min_lr": Key(number(0), 0.0)},
+}
+SCHEDULE_COMMON = {"kind": Key(choice(*SCHEDULE_KEYS), "constant"),
+                   "warmup_steps": Key(integer(0), 0, "linear warmup (0: none)"),
+                   "start_factor": Key(number(0, hi=1), 0.0, "warmup starts at start_factor * lr")}
+
+SCHEMA: dict[str, Any] = {
+    "data": {"file": Key(string, doc="HDF5 dataset (relative paths: to the working directory)"),
+             "batch": Key(integer(1), 16, "images per replica per step"),
+             "seed": Key(integer(0), 0, "seed of the per-epoch shuffles"),
+             "shuffle": Key(boolean, True),
+             "preprocess": Key(choice("standardize", "center", "none"), "standardize"),
+             "std_floor": Key(number(0, lo_open=True), 0.01, "floor of the per-image std"),
+             "prefetch": Key(boolean, True, "read the next minibatch in a background thread")},
+    "network": {"input": Key(ints(3), doc="[H, W, C]"), "stages": [STAGE]},
+    "parallel": {"replicas": Key(integer(1), 1, "data-parallel model groups"),
+                 "grid": Key(either(choice("auto"), ints(2)), "auto", "[Py, Px] per model group")},
+    "train": {"steps": Key(per_stage(integer(0), "an integer >= 0"), None, "steps per stage (or epochs)"),
+              "epochs": Key(per_stage(number(0), "a number >= 0"), None, "passes over the data per stage"),
+              "lam": Key(number(0), 0.1, "weight of the sparsity term"),
+              "tied": Key(boolean, True, "decoder weights = encoder weights"),
+              "seed": Key(integer(0), 0, "weight initialization"),
+              "dtype": Key(choice("float32", "float64"), "float32"),
+              "checkpoint_every": Key(integer(0), 100, "global steps between checkpoints (0: at the end only)"),
+              "keep": Key(integer(1), 3, "checkpoints kept"),
+              "log_every": Key(integer(0), 10, "steps between log lines"),
+              "max_bad_steps": Key(integer(1), 5, "consecutive non-finite steps before stopping"),
+              "optimizer": "optimizer", "schedule": "schedule"},
+    "run": {"folder": Key(string, doc="the run folder (checkpoints, metrics, log)"),
+            "backend": Key(choice("auto", "numpy", "cuda", "cuda-emu"), "auto"),
+            "threads": Key(integer(0), 0, "threads of the numpy backend per rank (0: cores / ranks per node)")},
+}
+
+
+def _fmt(v: Any) -> str:
+    return dumps_value(v) if isinstance(v, (bool, int, float, str, list)) else repr(v)
+
+
+class _Checker:
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, path: str, value: Any, what: str) -> None:
+        raise ConfigError(f"{self.source}: {path} = {_fmt(value)}: {what}")
+
+    def table(self, path: str, data: Any, schema: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise ConfigError(f"{self.source}: {path or 'the config'} must be a table, got {_fmt(data)}")
+        for k in data:
+            if k not in schema:
+                near = difflib.get_close_matches(k, list(schema), n=1)
+                hint = f"; did you mean '{near[0]}'?" if near else f" (allowed: {', '.join(schema)})"
+                raise ConfigError(f"{self.source}: unknown key {_join(path, k)}{hint}")
+        out: dict[str, Any] = {}
+        for k, spec in schema.items():
+            sub = _join(path, k)
+            if spec == "optimizer":
+                out[k] = self.kinded(sub, data.get(k, {}), OPTIMIZER_COMMON, OPTIMIZER_KEYS)
+            elif spec == "schedule":
+                out[k] = self.kinded(sub, data.get(k, {}), SCHEDULE_COMMON, SCHEDULE_KEYS)
+            elif isinstance(spec, list):
+                items = data.get(k, REQUIRED)
+                if items is REQUIRED:
+                    raise ConfigError(f"{self.source}: {sub} is required")
+                if not isinstance(items, list) or not items:
+                    self.fail(sub, items, "must be a non-empty list of tables ([[" + sub + "]])")
+                out[k] = [self.table(f"{sub}[{i}]", it, spec[0]) for i, it in enumerate(items)]
+            elif isinstance(spec, dict):
+                out[k] = self.table(sub, data.get(k, {}), spec)
+            else:
+                out[k] = self.key(sub, data.get(k, REQUIRED), spec)
+        return out
+
+    def key(self, path: str, value: Any, spec: Key) -> Any:
+        if value is REQUIRED:
+            if spec.default is REQUIRED:
+                raise ConfigError(f"{self.source}: {path} is required" + (f" ({spec.doc})" if spec.doc else ""))
+            return spec.default
+        err = spec.check(value)
+        if err:
+            self.fail(path, value, err)
+        return value
+
+    def kinded(self, path: str, data: Any, common: dict[str, Key], kinds: dict[str, dict[str, Key]]) -> dict:
+        if not isinstance(data, dict):
+            raise ConfigError(f"{self.source}: {path} must be a table, got {_fmt(data)}")
+        kind = self.key(_join(path, "kind"), data.get("kind", REQUIRED), common["kind"])
+        return self.table(path, data, {**common, **kinds[kind]})
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def validate(data: dict[str, Any], source: str = "config") -> dict[str, Any]:
+    """The resolved config (defaults filled in), or :class:`ConfigError`."""
+    ck = _Checker(source)
+    cfg = ck.table("", data, SCHEMA)
+    tr, nstages = cfg["train"], len(cfg["network"]["stages"])
+    if (tr["steps"] is None) == (tr["epochs"] is None):
+        raise ConfigError(f"{source}: give exactly one of train.steps and train.epochs (per stage)")
+    for name in ("steps", "epochs"):
+        v = tr[name]
+        if isinstance(v, list) and len(v) != nstages:
+            ck.fail(f"train.{name}", v, f"needs one entry per stage ({nstages})")
+        if v is not None and not isinstance(v, list):
+            tr[name] = [v] * nstages
+    return cfg
+
+
+_PATH = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)")
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """``key.path=value`` (TOML value; a bare word is a string), e.g. ``network.stages[1].filter.channels=8``."""
+    if "=" not in assignment:
+        raise ConfigError(f"--set {assignment}: expected KEY.PATH=VALUE")
+    path, text = (s.strip() for s in assignment.split("=", 1))
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text
+    steps: list[str | int] = []
+    for part in path.split("."):
+        m = _PATH.fullmatch(part)
+        if not m:
+            raise ConfigError(f"--set {assignment}: bad key path {path!r}")
+        steps.append(m.group(1))
+        steps += [int(i) for i in re.findall(r"\[(\d+)\]", m.group(2))]
+    node: Any = data
+    for here, nxt in zip(steps, steps[1:]):
+        if isinstance(here, int):
+            if not isinstance(node, list) or here >= len(node):
+                raise ConfigError(f"--set {assignment}: {path} has no element [{here}]")
+            node = node[here]
+        else:
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {assignment}: {path} does not name a table")
+            node = node.setdefault(here, [] if isinstance(nxt, int) else {})
+    last = steps[-1]
+    if isinstance(last, int):
+        if not isinstance(node, list) or last >= len(node):
+            raise ConfigError(f"--set {assignment}: {path} has no element [{last}]")
+        node[last] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise ConfigError(f"--set {assignment}: {path} does not name a table")
+
+
+def load(path: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
+    """Read, override and validate a config file."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config {p}: no such file") from None
+    except OSError as e:
+        raise ConfigError(f"config {p}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config {p}: not valid TOML: {e}") from None
+    for o in overrides:
+        apply_override(data, o)
+    return validate(data, str(p))
+
+
+# -- writing TOML (resolved configs only: tables, arrays of tables, plain values) ------
+def dumps_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(dumps_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {v!r} as a TOML value")
+
+
+def dumps(cfg: dict[str, Any], header: str = "") -> str:
+    """TOML text of a resolved config (``None`` values are left out: they mean 'not set')."""
+    lines = [f"# {h}" for h in header.splitlines()]
+
+    def emit(path: str, table: dict[str, Any], array: bool = False) -> None:
+        plain = {k: v for k, v in table.items() if v is not None and not isinstance(v, dict)
+                 and not (isinstance(v, list) and v and isinstance(v[0], dict))}
+        if path:
+            lines.append("")
+            lines.append(f"[[{path}]]" if array else f"[{path}]")
+        lines.extend(f"{k} = {dumps_value(v)}" for k, v in plain.items())
+        for k, v in table.items():
+            if array and isinstance(v, dict) and not any(isinstance(x, (dict, list)) and x and isinstance(
+                    x, dict) for x in v.values()):  # a stage's layers read best one per line
+                lines.append(f"{k} = {{ " + ", ".join(f"{a} = {dumps_value(b)}" for a, b in v.items()
+                                                        if b is not None) + " }")
+            elif isinstance(v, dict):
+                emit(_join(path, k), v)
+            elif isinstance(v, list) and v and isinstance(v[0], dict):
+                for item in v:
+                    emit(_join(path, k), item, array=True)
+
+    emit("", cfg)
+    return "\n".join(lines).lstrip("\n") + "\n"

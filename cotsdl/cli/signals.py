@@ -1,0 +1,43 @@
+"""The preemption protocol of ``cotsdl train``: SIGTERM or SIGUSR1 means "checkpoint and stop".
+
+Slurm (``--signal``) and PBS (before ``kill_delay`` runs out) warn a job before its
+time limit.  The first signal only sets a flag; the trainer asks every rank at the
+next step boundary (one allreduce), all ranks write a checkpoint and the program
+exits with :data:`EXIT_REQUEUE` so that the job script can requeue it.  A second
+signal ends the process at once (status 128 + signal number): checkpoints are
+committed by a rename, so the last complete one is never damaged.
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+#: Exit status after a checkpoint written on request: "requeue me" (EX_TEMPFAIL of sysexits.h).
+EXIT_REQUEUE = 75
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class PreemptionGuard:
+    """Install the handlers (main thread only); ``requested()`` says whether a signal came."""
+
+    def __init__(self, signals: tuple[int, ...] = SIGNALS):
+        self.received: int | None = None
+        self._old = {s: signal.signal(s, self._handle) for s in signals}
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.received is not None:
+            os.write(2, f"cotsdl: second signal {signal.Signals(signum).name}: exiting now; the last complete "
+                        "checkpoint is intact\n".encode())
+            os._exit(128 + signum)
+        self.received = signum
+
+    def requested(self) -> bool:
+        return self.received is not None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received is not None else ""
+
+    def restore(self) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)

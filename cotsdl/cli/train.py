@@ -1,0 +1,304 @@
+"""``cotsdl train CONFIG``: train a network from a config into a run folder, resumably.
+
+A run folder holds ``config.toml`` (the resolved config), ``checkpoints/``,
+``metrics.jsonl``, ``log.txt`` and, once every stage is trained, ``summary.json``.
+Running the same command again on the folder resumes from its last complete
+checkpoint (on any number of ranks), or says that the run is complete.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import config as cfgmod
+from .signals import EXIT_REQUEUE, PreemptionGuard
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "train", help="train a network from a TOML config into its run folder (re-run to resume)",
+        description="Train the stages of a network greedily from a TOML config. Run under MPI as "
+                    "'mpiexec -n P python -m mpi4py -m cotsdl train CONFIG'. Re-running the same command resumes "
+                    f"from the run folder's last checkpoint. On SIGTERM/SIGUSR1 every rank checkpoints at the next "
+                    f"step and exits {EXIT_REQUEUE} (requeue). Exit statuses: 0 done, 2 bad config or data, "
+                    f"{EXIT_REQUEUE} checkpointed on a signal, 1 training failed.")
+    p.add_argument("config", help="TOML config (see README.md, 'Config files')")
+    p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override a config key, e.g. --set train.steps=[50,50,50] --set network.stages[0].filter.channels=8")
+
+
+class _Tee:
+    """Rank 0's log: the terminal and ``log.txt`` (progress-bar updates only on the terminal)."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "a", buffering=1)
+
+    def write(self, text: str) -> None:
+        sys.stdout.write(text)
+        if not text.startswith("\r"):
+            self.file.write(text)
+
+    def flush(self) -> None:
+        sys.stdout.flush()
+        self.file.flush()
+
+    def isatty(self) -> bool:
+        return sys.stdout.isatty()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _diff(old: Any, new: Any, path: str = "") -> list[str]:
+    """Key paths where two plain-data trees differ, with both values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in sorted(set(old) | set(new)) for d in _diff(old.get(k), new.get(k), cfgmod._join(path, k))]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new) and any(
+            isinstance(v, (dict, list)) for v in old):
+        return [d for i, (a, b) in enumerate(zip(old, new)) for d in _diff(a, b, f"{path}[{i}]")]
+    return [] if old == new else [f"{path}: {json.dumps(old)} -> {json.dumps(new)}"]
+
+
+def make_optimizer(opt: dict[str, Any], sched: dict[str, Any]):
+    """The optimizer (with its schedule) a resolved config's ``train.optimizer``/``train.schedule`` name."""
+    from ..train import optim, schedules  # noqa: PLC0415
+
+    kind = sched["kind"]
+    extra = {k: v for k, v in sched.items() if k not in ("kind", "warmup_steps", "start_factor")}
+    lr = {"constant": lambda: opt["lr"], "step": lambda: schedules.StepDecay(opt["lr"], **extra),
+          "polynomial": lambda: schedules.Polynomial(opt["lr"], **extra),
+          "cosine": lambda: schedules.Cosine(opt["lr"], **extra)}[kind]()
+    if sched["warmup_steps"]:
+        lr = schedules.Warmup(lr, sched["warmup_steps"], sched["start_factor"])
+    kw = {k: v for k, v in opt.items() if k not in ("kind", "lr")}
+    cls = {"sgd": optim.SGD, "momentum": optim.Momentum, "nesterov": optim.Nesterov, "adagrad": optim.AdaGrad,
+           "rmsprop": optim.RMSProp, "adam": optim.Adam, "lars": optim.LARS, "lamb": optim.LAMB}[opt["kind"]]
+    return cls(lr, **kw)
+
+
+def _setup_backend(cfg: dict[str, Any], comm) -> str:
+    from .. import backend, ops  # noqa: PLC0415
+    from ..array.grid import use_node_local_gpu  # noqa: PLC0415
+    from mpi4py import MPI  # noqa: PLC0415
+
+    if cfg["run"]["backend"] != "auto":
+        os.environ["COTSDL_BACKEND"] = cfg["run"]["backend"]
+    name = backend.name()
+    if name == "cuda":
+        use_node_local_gpu(comm)
+    threads = cfg["run"]["threads"]
+    if not threads:  # share the node's cores among its ranks (oversubscribed BLAS is many times slower)
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+        threads = max(1, ops.parallel.available_cores() // local.Get_size())
+        local.Free()
+    ops.set_num_threads(threads)
+    return name
+
+
+def _inspect_run(folder: Path, cfg: dict[str, Any], network_desc: dict[str, Any]) -> tuple[str | None, dict | None]:
+    """(error, saved checkpoint meta) of an existing run folder; rank 0 only."""
+    from ..io import checkpoint  # noqa: PLC0415
+
+    if folder.exists() and not folder.is_dir():
+        return f"run.folder {folder} exists and is not a folder", None
+    if not folder.exists():
+        return None, None
+    names = {p.name for p in folder.iterdir()}
+    if names and "config.toml" not in names:
+        return (f"run.folder {folder} is not empty and holds no config.toml, so it is not a cotsdl run folder "
+                f"(it holds: {', '.join(sorted(names)[:5])}); choose another run.folder"), None
+    latest = checkpoint.latest(folder / "checkpoints")
+    if latest is None:
+        return None, None
+    try:
+        meta = checkpoint.read_index(latest)["meta"]
+    except (OSError, ValueError, KeyError) as e:
+        return f"cannot read {latest / 'index.json'}: {e}", None
+    diff = _diff(meta["network"], network_desc, "network")
+    if diff:
+        return (f"the config's network differs from the one trained in {folder} (checkpoint {latest.name}):\n  "
+                + "\n  ".join(diff) + "\nuse a new run.folder, or undo the change to resume"), None
+    meta["_path"] = str(latest)
+    return None, meta
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _summary(folder: Path, nstages: int, wall: float, history: list[dict]) -> dict[str, Any]:
+    """Per-stage loss first -> last (from metrics.jsonl: the whole run, every session) and speed."""
+    recs = []
+    try:
+        with open(folder / "metrics.jsonl") as f:
+            recs = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        recs = history
+    stages = []
+    for k in range(nstages):
+        rs = [r for r in recs if r.get("stage") == k and not r.get("skipped")]
+        stages.append({"stage": k, "steps": max((r["stage_step"] for r in rs), default=0),
+                       "first_loss": rs[0]["loss"] if rs else None, "last_loss": rs[-1]["loss"] if rs else None,
+                       "first_reconstruction": rs[0]["reconstruction"] if rs else None,
+                       "last_reconstruction": rs[-1]["reconstruction"] if rs else None})
+    speeds = sorted(r["images_per_s"] for r in history)
+    return {"stages": stages, "session_seconds": wall, "session_steps": len(history),
+            "images_per_s_median": speeds[len(speeds) // 2] if speeds else None}
+
+
+def _agreed(err: str | None) -> None:
+    """Raise an error every rank holds (it was broadcast) on every rank."""
+    if err:
+        exc = ValueError(err)
+        exc.collective = True
+        raise exc
+
+
+def _trim_metrics(path: Path, step: int) -> None:
+    """Drop the records of steps after the checkpoint a run restarts from (they are trained again)."""
+    if not path.exists():
+        return
+    with open(path) as f:
+        lines = f.readlines()
+    keep = []
+    for line in lines:
+        try:
+            if json.loads(line)["step"] <= step:
+                keep.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by a kill
+    if len(keep) != len(lines):
+        _write_atomic(path, "".join(keep))
+
+
+def run(args) -> int:
+    from mpi4py import MPI  # noqa: PLC0415
+
+    from ..array.collective import raise_collectively  # noqa: PLC0415
+    from ..io.dataset import check_for_network  # noqa: PLC0415
+    from ..io.reader import HDF5Source  # noqa: PLC0415
+    from ..nn.network import Network  # noqa: PLC0415
+    from ..train import GreedyTrainer, TrainingInterrupted  # noqa: PLC0415
+
+    comm = MPI.COMM_WORLD  # the program's world; the library takes it as an argument
+    root = comm.Get_rank() == 0
+    t_start = time.perf_counter()
+    cfg, err = None, None
+    if root:  # one reading of the file, broadcast: every rank trains the same config
+        try:
+            cfg = cfgmod.load(args.config, args.set)
+        except cfgmod.ConfigError as e:
+            err = str(e)
+    cfg, err = comm.bcast((cfg, err))
+    _agreed(err)
+    source = args.config
+    try:
+        network = Network.from_description(cfg["network"])
+    except ValueError as e:  # the same config on every rank: the same error
+        _agreed(f"{source}: network: {e}")
+    backend_name = _setup_backend(cfg, comm)
+    folder = Path(cfg["run"]["folder"])
+    ckdir = folder / "checkpoints"
+    meta, err = None, None
+    if root:
+        err, meta = _inspect_run(folder, cfg, network.describe())
+    meta, err = comm.bcast((meta, err))
+    _agreed(err)
+
+    dc, tc, pc = cfg["data"], cfg["train"], cfg["parallel"]
+    global_batch = dc["batch"] * pc["replicas"]
+    data, err = None, None
+    try:
+        data = HDF5Source(dc["file"], seed=dc["seed"], shuffle=dc["shuffle"], preprocess=dc["preprocess"],
+                          std_floor=dc["std_floor"], prefetch=dc["prefetch"])
+        problems = check_for_network(data.info, network.input_shape, global_batch)
+        if problems:
+            err = f"data.file {dc['file']}: " + "; ".join(problems)
+    except (ValueError, OSError) as e:
+        err = f"data.file: {e}"
+    raise_collectively(comm, err)
+    if tc["steps"] is not None:
+        steps = list(tc["steps"])
+    else:
+        steps = [int(math.ceil(e * len(data) / global_batch)) for e in tc["epochs"]]
+    last = len(network.stages) - 1
+    if meta is not None and meta["stage"] == last and meta["stage_step"] >= steps[last]:
+        if root:
+            print(f"run {folder} is already complete: {len(network.stages)} stage(s) trained, global step "
+                  f"{meta['step']} (checkpoint {meta['_path']}). To train longer raise train.steps; to start over "
+                  "use a new run.folder.", flush=True)
+        data.close()
+        return 0
+
+    err = None
+    if root:
+        try:
+            ckdir.mkdir(parents=True, exist_ok=True)
+            old = (folder / "config.toml").read_text() if (folder / "config.toml").exists() else None
+            _trim_metrics(folder / "metrics.jsonl", meta["step"] if meta else 0)
+            header = f"resolved config of the run in {folder} (from {source}); written by cotsdl train"
+            _write_atomic(folder / "config.toml", cfgmod.dumps(cfg, header))
+        except OSError as e:
+            err = f"run.folder {folder}: cannot write: {e.strerror or e}"
+    raise_collectively(comm, err)
+    log = _Tee(folder / "log.txt") if root else sys.stdout
+    say = (lambda m: print(m, file=log, flush=True)) if root else (lambda m: None)
+    optimizer = make_optimizer(tc["optimizer"], tc["schedule"])
+    import numpy as np  # noqa: PLC0415
+
+    guard = PreemptionGuard()
+    common = dict(checkpoint_every=tc["checkpoint_every"], keep=tc["keep"], log_every=tc["log_every"],
+                  metrics_file=str(folder / "metrics.jsonl"), max_bad_steps=tc["max_bad_steps"], log=log,
+                  should_stop=guard.requested)
+    grid = None if pc["grid"] == "auto" else tuple(pc["grid"])
+    say(f"cotsdl train {source}: {comm.Get_size()} rank(s), backend {backend_name}, data {dc['file']} "
+        f"({len(data)} images {'x'.join(map(str, data.image_shape))}), global batch {global_batch}, "
+        f"steps per stage {steps}, run folder {folder}")
+    if root and meta is not None and old is not None:
+        changed = _diff(cfgmod.tomllib.loads(old), cfgmod.tomllib.loads(cfgmod.dumps(cfg)))
+        if changed:
+            say("note: the config differs from the run's previous one (the network does not):\n  " + "\n  ".join(changed))
+    try:
+        if meta is None:
+            tr = GreedyTrainer(network, data, optimizer, comm=comm, batch=dc["batch"], replicas=pc["replicas"],
+                               grid=grid, lam=tc["lam"], tied=tc["tied"], seed=tc["seed"],
+                               dtype=np.dtype(tc["dtype"]), checkpoint_dir=str(ckdir), **common)
+        else:
+            tr = GreedyTrainer.resume(str(ckdir), data, optimizer, comm=comm, batch=dc["batch"],
+                                      replicas=pc["replicas"], grid=grid, **common)
+        say(f"grid {tr.layout.grid.dims[0]}x{tr.layout.grid.dims[1]} x {tr.replicas} replica(s)")
+        tr.train(steps)
+    except TrainingInterrupted as e:
+        sig = comm.allreduce(guard.received or 0, op=MPI.MAX)
+        import signal  # noqa: PLC0415
+
+        say(f"stopped by {signal.Signals(sig).name if sig else 'a signal'} at global step {e.step}; "
+            f"checkpoint {e.checkpoint}. Exit {EXIT_REQUEUE}: re-run the same command to resume.")
+        return EXIT_REQUEUE
+    finally:
+        guard.restore()
+        data.close()
+    wall = time.perf_counter() - t_start
+    if root:
+        summary = _summary(folder, len(network.stages), wall, tr.history)
+        summary.update({"run": str(folder), "config": str(folder / "config.toml"), "step": tr.step,
+                        "checkpoint": str(tr.latest_checkpoint()), "ranks": comm.Get_size(),
+                        "grid": list(tr.layout.grid.dims), "replicas": tr.replicas, "backend": backend_name})
+        _write_atomic(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
+        say(f"done: {len(network.stages)} stage(s) in {wall:.1f} s this session, global step {tr.step}")
+        for s in summary["stages"]:
+            if s["first_loss"] is not None:
+                say(f"  stage {s['stage']}: loss {s['first_loss']:.4g} -> {s['last_loss']:.4g} "
+                    f"(reconstruction {s['first_reconstruction']:.4g} -> {s['last_reconstruction']:.4g}), "
+                    f"{s['steps']} steps")
+        if summary["images_per_s_median"]:
+            say(f"  {summary['images_per_s_median']:.1f} images/s (median step)")
+        say(f"  run folder {folder}: config.toml, checkpoints/, metrics.jsonl, log.txt, summary.json")
+        log.close()
+    return 0

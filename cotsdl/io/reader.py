@@ -1,0 +1,168 @@
+"""Read minibatches of an HDF5 image dataset, each rank only its own input window.
+
+``HDF5Source`` is a data source of the trainer (``cotsdl.train.data``): every rank
+opens the file read-only (no parallel HDF5 or MPI-IO) and reads the hyperslab
+``[indices, y0:y1, x0:x1, c0:c1]`` of the images of a minibatch — just its window,
+so the first layer needs no exchange.  The stream order is a seeded permutation per
+epoch (:class:`~cotsdl.io.order.StreamOrder`), the same on every rank.  Indices are
+sorted (and made unique) for the HDF5 read and put back in stream order after.
+uint8 pixels become float32 in [0, 1]; the paper's per-image preprocessing (mean
+subtraction and division by the standard deviation, with a floor) uses statistics
+stored in the file at build time, so a rank needs no other rank's pixels.  A
+background thread reads the next minibatch while the current one is trained on.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from ..array.box import Box
+from .dataset import DatasetError, check_for_network, inspect, pixel_scale
+from .order import StreamOrder
+
+PREPROCESS = ("standardize", "center", "none")
+
+
+class HDF5Source:
+    """An endless shuffled stream of the images of a dataset file.
+
+    Parameters
+    ----------
+    path : str or Path
+        The dataset file (format: :mod:`cotsdl.io.dataset`).
+    seed : int
+        Seed of the per-epoch permutations (give every rank the same).
+    shuffle : bool
+        False streams the images in file order.
+    preprocess : "standardize", "center" or "none"
+        Per image: subtract its mean and divide by ``max(std, std_floor)``; only
+        subtract the mean; or use the pixels as they are.
+    std_floor : float
+        Floor of the per-image standard deviation (in reader units: uint8 pixels are
+        scaled to [0, 1]), so that flat images are not blown up.
+    prefetch : bool
+        Read the minibatch announced by :meth:`prefetch` in a background thread.
+
+    Raises
+    ------
+    DatasetError
+        A missing, unreadable or malformed file, naming the file and the problem.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, seed: int = 0, shuffle: bool = True,
+                 preprocess: str = "standardize", std_floor: float = 0.01, prefetch: bool = True):
+        self.path = Path(path)
+        if preprocess not in PREPROCESS:
+            raise ValueError(f"preprocess must be one of {', '.join(PREPROCESS)}, got {preprocess!r}")
+        if not float(std_floor) > 0:
+            raise ValueError(f"std_floor must be > 0, got {std_floor!r}")
+        self.info = inspect(self.path)
+        problems = check_for_network(self.info, self.info.image_shape, needs_stats=preprocess != "none")
+        if problems:
+            raise DatasetError(f"dataset {self.path}: " + "; ".join(problems))
+        self.preprocess, self.std_floor = preprocess, float(std_floor)
+        self.seed = int(seed)
+        self.image_shape: tuple[int, int, int] = self.info.image_shape
+        self.order = StreamOrder(self.info.count, seed, shuffle)
+        try:
+            self._file = h5py.File(self.path, "r")
+            self._images = self._file["images"]
+            self._mean = self._file["image_mean"][()].astype(np.float64) if preprocess != "none" else None
+            self._std = self._file["image_std"][()].astype(np.float64) if preprocess == "standardize" else None
+        except OSError as e:
+            raise DatasetError(f"dataset {self.path}: cannot read it (truncated or corrupt?): {e}") from None
+        self._scale = pixel_scale(self._images.dtype)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="cotsdl-prefetch") if prefetch else None
+        self._pending: tuple[tuple, Future] | None = None
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        """Images in one epoch."""
+        return self.info.count
+
+    # -- the data-source interface -------------------------------------------------
+    def read(self, first: int, count: int, window: Box) -> np.ndarray:
+        """float32 (h, w, c, count): the ``window`` of the images at stream positions
+        ``[first, first + count)`` (the window's N extent is ignored)."""
+        key = self._key(first, count, window)
+        with self._lock:
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            if pending[0] == key:
+                return pending[1].result()  # an error in the thread surfaces here
+            pending[1].cancel()
+        return self._read(first, count, window)
+
+    def prefetch(self, first: int, count: int, window: Box) -> None:
+        """Start reading what the next :meth:`read` will ask for (no-op without prefetch)."""
+        if self._pool is None:
+            return
+        key = self._key(first, count, window)
+        with self._lock:
+            if self._pending is not None:
+                if self._pending[0] == key:
+                    return
+                self._pending[1].cancel()
+            self._pending = (key, self._pool.submit(self._read, first, count, window))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._file.close()
+
+    def __enter__(self) -> "HDF5Source":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- reading --------------------------------------------------------------------
+    def _key(self, first: int, count: int, window: Box) -> tuple:
+        if first < 0 or count < 1:
+            raise ValueError(f"read needs first >= 0 and count >= 1, got {first}, {count}")
+        w = Box(window.lo[:3], window.hi[:3])
+        if not Box.from_shape(self.image_shape).contains(w):
+            raise ValueError(f"window {w} lies outside the images {self.image_shape}")
+        return (int(first), int(count), w.lo, w.hi)
+
+    def indices(self, first: int, count: int) -> np.ndarray:
+        """Image indices at stream positions [first, first + count)."""
+        return self.order.indices(first, count)
+
+    def _read(self, first: int, count: int, window: Box) -> np.ndarray:
+        idx = self.indices(first, count)
+        # HDF5 wants increasing, unique indices; a batch across an epoch boundary may repeat one.
+        uniq, inverse = np.unique(idx, return_inverse=True)
+        (r0, c0, k0), (r1, c1, k1) = window.lo[:3], window.hi[:3]
+        try:
+            if self._images.ndim == 3:
+                raw = self._images[uniq, r0:r1, c0:c1][..., None]
+            else:
+                raw = self._images[uniq, r0:r1, c0:c1, k0:k1]
+        except OSError as e:
+            raise DatasetError(f"dataset {self.path}: cannot read images {idx.min()}..{idx.max()} "
+                               f"(truncated or corrupt?): {e}") from None
+        x = raw[inverse].astype(np.float32)
+        if self._scale != 1.0:
+            x *= np.float32(self._scale)
+        else:
+            self._check_finite(x, idx, "has NaN or Inf pixels")
+        if self._mean is not None:
+            x -= self._mean[idx].astype(np.float32)[:, None, None, None]
+        if self._std is not None:
+            x /= np.maximum(self._std[idx], self.std_floor).astype(np.float32)[:, None, None, None]
+        if self._mean is not None:
+            self._check_finite(x, idx, "has non-finite statistics (image_mean/image_std)")
+        return np.ascontiguousarray(x.transpose(1, 2, 3, 0))
+
+    def _check_finite(self, x: np.ndarray, idx: np.ndarray, what: str) -> None:
+        ok = np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+        if not ok.all():
+            bad = idx[~ok]
+            more = f" (and {len(bad) - 1} more in this minibatch)" if len(bad) > 1 else ""
+            raise DatasetError(f"dataset {self.path}: image {int(bad[0])} {what}{more}")
