@@ -22,6 +22,11 @@ def raise_collectively(comm: MPI.Comm, error: str | None, exc_type: type[Excepti
     rank, msg = next((r, e) for r, e in enumerate(errors) if e is not None)
     nfail = sum(e is not None for e in errors)
     more = f"; {nfail - 1} more rank(s) failed too" if nfail > 1 else ""
-    exc = exc_type(f"{msg} [reported by rank {rank} of {comm.Get_size()}{more}]")
-    exc.collective = True  # raised on every rank alike: a program may end MPI cleanly after it
-    raise exc
+    raise agreed(exc_type(f"{msg} [reported by rank {rank} of {comm.Get_size()}{more}]"))
+
+
+def agreed(exc: Exception) -> Exception:
+    """Mark ``exc`` as raised on every rank alike (after an agreement): a program may then
+    end MPI cleanly instead of aborting, and report it once."""
+    exc.collective = True
+    return exc

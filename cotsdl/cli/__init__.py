@@ -11,8 +11,21 @@ import sys
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .. import __version__  # noqa: PLC0415
+    from . import inspect_cmd, prepare, train  # noqa: PLC0415
+
     p = argparse.ArgumentParser(prog="cotsdl", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"cotsdl {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
+    prepare.add_parser(sub)
+    inspect_cmd.add_parser(sub)
+    train.add_parser(sub)
+    for name, issue, what in (("evaluate", "evaluation", "the face-selectivity experiment with controls and figures"),
+                              ("plan", "performance", "per-rank memory, FLOPs, halo bytes and predicted step time")):
+        sp = sub.add_parser(name, help=f"{what} (not implemented yet)",
+                            description=f"cotsdl {name}: {what}. Not implemented in this version (it comes with "
+                                        f"the {issue} work); it exits with status 2.")
+        sp.add_argument("args", nargs="*", help="reserved")
     sub.add_parser("info", help="versions, MPI library, CUDA-aware MPI, kernel folder")
     ck = sub.add_parser("check-kernels", help="compile every CUDA kernel with NVRTC for sm_70/80/90; fail on errors or spills")
     from .. import check_kernels  # noqa: PLC0415 - no MPI, no GPU needed
@@ -116,6 +129,20 @@ def _bench_emulator(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command in ("evaluate", "plan"):
+            raise ValueError(f"'cotsdl {args.command}' is not implemented in this version")
+        if args.command == "prepare-data":
+            from . import prepare  # noqa: PLC0415
+
+            return prepare.run(args)
+        if args.command == "inspect":
+            from . import inspect_cmd  # noqa: PLC0415
+
+            return inspect_cmd.run(args)
+        if args.command == "train":
+            from . import train  # noqa: PLC0415
+
+            return _agreed_exit(train.run(args))  # every rank returns the same status
         if args.command == "info":
             return _info()
         if args.command == "check-kernels":
@@ -128,15 +155,36 @@ def main(argv: list[str] | None = None) -> int:
             return _bench_emulator(args)
         if args.command == "bench" and args.bench == "layers":
             return _bench_layers(args)
-    except ValueError as e:
+    except (ValueError, RuntimeError) as e:
         # Validation is collective, so every rank arrives here with the same error:
         # report it once and let every rank exit non-zero (no rank is left waiting).
-        from mpi4py import MPI  # noqa: PLC0415
-
-        if MPI.COMM_WORLD.Get_rank() == 0:
-            print(f"cotsdl: error: {e}", file=sys.stderr)
-        return 2
+        rank, collective = _rank(), getattr(e, "collective", False)
+        if rank == 0:
+            print(f"cotsdl: error: {e}", file=sys.stderr, flush=True)
+        elif not collective:  # raised on this rank alone: nobody else can say it
+            print(f"cotsdl: error on rank {rank}: {e}", file=sys.stderr, flush=True)
+        status = 2 if isinstance(e, ValueError) else 1
+        return _agreed_exit(status) if collective else status
     return 1  # pragma: no cover - argparse rejects unknown commands
+
+
+def _rank() -> int:
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return 0
+    return mpi.COMM_WORLD.Get_rank()
+
+
+def _agreed_exit(status: int) -> int:
+    """End MPI cleanly for a status every rank reached together (a collective error, the
+    checkpoint-and-requeue exit): under ``python -m mpi4py`` a non-zero exit otherwise
+    aborts the job, which is right for an error on one rank but adds MPI_Abort noise to a
+    planned stop.  Only call it when every rank returns the same status."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if status and mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.COMM_WORLD.Barrier()
+        mpi.Finalize()
+    return status
 
 
 if __name__ == "__main__":

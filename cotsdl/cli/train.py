@@ -154,10 +154,10 @@ def _summary(folder: Path, nstages: int, wall: float, history: list[dict]) -> di
 
 def _agreed(err: str | None) -> None:
     """Raise an error every rank holds (it was broadcast) on every rank."""
+    from ..array.collective import agreed  # noqa: PLC0415 - MPI only for commands that use it
+
     if err:
-        exc = ValueError(err)
-        exc.collective = True
-        raise exc
+        raise agreed(ValueError(err))
 
 
 def _trim_metrics(path: Path, step: int) -> None:

@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 from .. import backend
 from ..array.collect import gather
-from ..array.collective import raise_collectively
+from ..array.collective import agreed, raise_collectively
 from ..array.distarray import DistArray
 from ..array.grid import split_replicas
 from ..io import checkpoint
@@ -166,12 +166,13 @@ class GreedyTrainer:
         ex0 = sum(lp.exchange.seconds for lp in self.plan.layers)
         li = self.filter_layers[stage]
         x = self._stage_input(stage)
-        if self.tied:
-            parts, dw = objective.value_and_grad(x, self.params[li])
-            grads = {"w": dw}
-        else:
-            parts, dw, dwd = objective.value_and_grad(x, self.params[li], self.decoders[li])
-            grads = {"w": dw, "w_dec": dwd}
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # non-finite steps are handled below
+            if self.tied:
+                parts, dw = objective.value_and_grad(x, self.params[li])
+                grads = {"w": dw}
+            else:
+                parts, dw, dwd = objective.value_and_grad(x, self.params[li], self.decoders[li])
+                grads = {"w": dw, "w_dec": dwd}
         losses = np.array([parts.total, parts.reconstruction, parts.sparsity])
         if self.replicas > 1:
             grads = allreduce.average(self.layout.replica_comm, grads)
@@ -185,18 +186,18 @@ class GreedyTrainer:
             self.optimizer.step(params, grads)
             ok = bool(self.world.allreduce(all(bool(self.xp.isfinite(p).all()) for p in params.values()), op=MPI.LAND))
             if not ok:
-                raise RuntimeError(f"training stopped: the update of stage {stage} step {self.stage_step} made the "
+                raise agreed(RuntimeError(f"training stopped: the update of stage {stage} step {self.stage_step} made the "
                                    "weights non-finite (learning rate too large?); nothing was saved after it"
-                                   + (f", the last checkpoint in {self.checkpoint_dir} is intact" if self.checkpoint_dir else ""))
+                                   + (f", the last checkpoint in {self.checkpoint_dir} is intact" if self.checkpoint_dir else "")))
         else:
             self.bad_in_row += 1
             self.skipped += 1
             self._say(f"warning: stage {stage} step {self.stage_step}: non-finite loss or gradient, step skipped "
                       f"({self.bad_in_row} in a row, {self.skipped} in all)")
             if self.bad_in_row >= self.max_bad_steps:
-                raise RuntimeError(f"training stopped: {self.bad_in_row} consecutive steps with a non-finite loss or "
+                raise agreed(RuntimeError(f"training stopped: {self.bad_in_row} consecutive steps with a non-finite loss or "
                                    f"gradient (stage {stage}, step {self.stage_step}); the last checkpoint is intact"
-                                   + (f" in {self.checkpoint_dir}" if self.checkpoint_dir else ""))
+                                   + (f" in {self.checkpoint_dir}" if self.checkpoint_dir else "")))
         self.position += self.batch * self.replicas
         self.stage_step += 1
         self.step += 1

@@ -1,0 +1,81 @@
+"""Config files: defaults, --set overrides, and one clear message per mistake."""
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from cotsdl.cli import config
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "jobs" / "configs" / "demo.toml"
+
+
+def test_every_sample_config_is_valid_and_round_trips():
+    samples = sorted((ROOT / "jobs" / "configs").glob("*.toml"))
+    assert DEMO in samples
+    for path in samples:
+        cfg = config.load(path)
+        assert config.validate(tomllib.loads(config.dumps(cfg, "header"))) == cfg, path.name
+
+
+def test_defaults_are_filled_in():
+    cfg = config.load(DEMO)
+    assert cfg["train"]["optimizer"]["beta2"] == 0.999  # the kind's own defaults
+    assert cfg["network"]["stages"][0]["filter"]["block"] == [1, 1]
+    assert cfg["train"]["schedule"] == {"kind": "constant", "warmup_steps": 0, "start_factor": 0.0}
+    assert cfg["parallel"] == {"replicas": 1, "grid": "auto"}
+
+
+def test_set_overrides_any_key():
+    cfg = config.load(DEMO, ["network.stages[1].filter.channels=5", "train.steps=7", "run.folder=runs/x",
+                             "train.optimizer.kind=\"momentum\"", "train.optimizer.momentum=0.5",
+                             "train.schedule.kind=\"cosine\"", "train.schedule.total_steps=70", "parallel.grid=[1, 2]"])
+    assert cfg["network"]["stages"][1]["filter"]["channels"] == 5
+    assert cfg["train"]["steps"] == [7, 7, 7]  # one number: every stage
+    assert cfg["run"]["folder"] == "runs/x"  # a bare word is a string
+    assert cfg["train"]["optimizer"] == {"kind": "momentum", "lr": 0.005, "weight_decay": 0.0, "clip_norm": None,
+                                         "momentum": 0.5}
+    assert cfg["train"]["schedule"]["total_steps"] == 70 and cfg["parallel"]["grid"] == [1, 2]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("network.stages[0].filter.chanels=3", "unknown key network.stages[0].filter.chanels; did you mean 'channels'?"),
+    ("network.stages[0].filter.stride=[2.5, 2]",
+     "network.stages[0].filter.stride = [2.5, 2]: must be a list of 2 integers >= 1"),
+    ("network.stages[2].filter.channels=5.7", "network.stages[2].filter.channels = 5.7: must be an integer >= 1"),
+    ("network.stages[0].lcn.size=4", "network.stages[0].lcn.size = 4: must be an odd integer >= 1"),
+    ("network.input=[48, 48]", "network.input = [48, 48]: must be a list of 3 integers >= 1"),
+    ('train.optimizer.lr="0.01"', 'train.optimizer.lr = "0.01": must be a number > 0'),
+    ("train.optimizer.kind=\"sgdd\"", 'train.optimizer.kind = "sgdd": must be one of "sgd", "momentum"'),
+    ("train.optimizer.momentum=0.9", "unknown key train.optimizer.momentum (allowed: kind, lr, weight_decay, "
+                                     "clip_norm, beta1, beta2, eps)"),
+    ("train.steps=-3", "train.steps = -3: must be an integer >= 0, or a list of them (one per stage)"),
+    ("train.steps=[10, 10]", "train.steps = [10, 10]: needs one entry per stage (3)"),
+    ("train.epochs=1", "give exactly one of train.steps and train.epochs"),
+    ("train.checkpoint_every=-1", "train.checkpoint_every = -1: must be an integer >= 0"),
+    ("train.tied=1", "train.tied = 1: must be true or false"),
+    ("data.preprocess=whiten", 'data.preprocess = "whiten": must be one of "standardize", "center", "none"'),
+    ("data.batch=0", "data.batch = 0: must be an integer >= 1"),
+    ("parallel.grid=[2]", 'parallel.grid = [2]: must be one of "auto" or a list of 2 integers >= 1'),
+    ("parallel.replica=2", "unknown key parallel.replica; did you mean 'replicas'?"),
+    ("trian.steps=3", "unknown key trian; did you mean 'train'?"),
+    ("network.stages[5].filter.channels=2", "network.stages[5].filter.channels has no element [5]"),
+    ("train.steps", "expected KEY.PATH=VALUE"),
+])
+def test_each_mistake_gets_its_message(override, message):
+    with pytest.raises(config.ConfigError) as e:
+        config.load(DEMO, [override])
+    assert message in str(e.value)
+    assert str(e.value).startswith(str(DEMO)) or str(e.value).startswith("--set")
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(config.ConfigError, match="config .*nope.toml: no such file"):
+        config.load(tmp_path / "nope.toml")
+    (tmp_path / "bad.toml").write_text("[data]\nfile = \n")
+    with pytest.raises(config.ConfigError, match=r"bad.toml: not valid TOML: .*line 2"):
+        config.load(tmp_path / "bad.toml")
+    text = DEMO.read_text().replace('[run]\nfolder = "runs/demo"', "[run]")
+    (tmp_path / "norun.toml").write_text(text)
+    with pytest.raises(config.ConfigError, match=r"norun.toml: run.folder is required"):
+        config.load(tmp_path / "norun.toml")

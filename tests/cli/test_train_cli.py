@@ -1,0 +1,220 @@
+"""`cotsdl train` and `cotsdl inspect` as a user runs them: under mpiexec, with good and bad input, and signals."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from cotsdl.io.dataset import write_dataset
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+SUBCOMMANDS = ["prepare-data", "inspect", "train", "evaluate", "plan", "bench", "check-kernels", "info"]
+
+CONFIG = """
+[data]
+file = "{data}"
+batch = 4
+[network]
+input = [12, 12, 1]
+[[network.stages]]
+filter = {{ size = [3, 3], stride = [1, 1], channels = 3 }}
+pool = {{ size = [2, 2], stride = [2, 2], eps = 0.01 }}
+lcn = {{ size = 3, sigma = 1.0, eps = 0.001 }}
+[[network.stages]]
+filter = {{ size = [2, 2], stride = [1, 1], channels = 2 }}
+pool = {{ size = [2, 2], stride = [1, 1], eps = 0.01 }}
+lcn = {{ size = 3, sigma = 1.0, eps = 0.001 }}
+[train]
+steps = [{steps}, {steps}]
+checkpoint_every = {every}
+log_every = 1
+[train.optimizer]
+kind = "adam"
+lr = 0.002
+[run]
+folder = "{run}"
+backend = "numpy"
+"""
+
+
+def cotsdl(*args, ranks=2, timeout=120, cwd=None):
+    cmd = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "cotsdl", *args]
+    env = {**os.environ, "MPIEXEC_TIMEOUT": str(timeout)}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=env, cwd=cwd)
+
+
+@pytest.fixture
+def setup(tmp_path):
+    """A tiny dataset and a config writer."""
+    imgs = np.random.default_rng(0).integers(0, 256, (40, 12, 12), dtype=np.uint8)
+    write_dataset(tmp_path / "tiny.h5", imgs)
+
+    def make(name="c.toml", data=tmp_path / "tiny.h5", run=tmp_path / "run", steps=6, every=4):
+        path = tmp_path / name
+        path.write_text(CONFIG.format(data=data, run=run, steps=steps, every=every))
+        return path
+    return tmp_path, make
+
+
+@pytest.mark.parametrize("sub", SUBCOMMANDS)
+def test_every_subcommand_has_help(sub):
+    res = subprocess.run([sys.executable, "-m", "cotsdl", sub, "--help"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and f"usage: cotsdl {sub}" in res.stdout, res.stderr
+
+
+def test_version():
+    res = subprocess.run([sys.executable, "-m", "cotsdl", "--version"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.startswith("cotsdl ")
+
+
+def weights(run, step):
+    """Every weight array of the checkpoint of ``step``, by rank file."""
+    out = {}
+    for f in sorted((run / "checkpoints" / f"ckpt-{step:09d}").glob("rank*.h5")):
+        with h5py.File(f) as h:
+            h.visit(lambda name: out.__setitem__((f.name, name), h[name][()])
+                    if isinstance(h[name], h5py.Dataset) and name.startswith("w/") else None)
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_train_resume_complete(setup):
+    tmp, make = setup
+    cfg = make(steps=5, every=4)
+    res = cotsdl("train", str(cfg))
+    assert res.returncode == 0, res.stderr
+    run = tmp / "run"
+    assert {p.name for p in run.iterdir()} >= {"config.toml", "checkpoints", "metrics.jsonl", "log.txt", "summary.json"}
+    assert res.stdout.count("done: 2 stage(s)") == 1  # rank 0 reports, once
+    assert "stage 1: loss" in (run / "log.txt").read_text()
+    again = cotsdl("train", str(cfg))
+    assert again.returncode == 0 and "is already complete" in again.stdout
+    longer = cotsdl("train", str(cfg), "--set", "train.steps=[5, 8]")
+    assert longer.returncode == 0, longer.stderr
+    assert "resumed from" in longer.stdout and "train.steps: [5, 5] -> [5, 8]" in longer.stdout
+    changed = cotsdl("train", str(cfg), "--set", "network.stages[1].filter.channels=4", "--set", "train.steps=[5, 9]")
+    assert changed.returncode == 2
+    assert changed.stderr.count("the config's network differs") == 1
+    assert "network.stages[1].filter.channels: 2 -> 4" in changed.stderr
+
+
+@pytest.mark.timeout(300)
+def test_sigusr1_checkpoints_exits_75_and_resumes_bitwise(setup):
+    tmp, make = setup
+    ref = cotsdl("train", str(make("ref.toml", run=tmp / "ref", steps=150, every=1000)))
+    assert ref.returncode == 0, ref.stderr
+    cfg = make("int.toml", run=tmp / "int", steps=150, every=1000)
+    env = {**os.environ, "MPIEXEC_TIMEOUT": "200"}
+    proc = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, "-m", "mpi4py", "-m", "cotsdl", "train", str(cfg)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    log = tmp / "int" / "log.txt"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (log.exists() and "stage 0 step 3 " in log.read_text()):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGUSR1)  # what Slurm sends before the time limit (mpiexec forwards it)
+    out, err = proc.communicate(timeout=200)
+    assert proc.returncode == 75, err
+    assert out.count("stopped by SIGUSR1") == 1 and "Abort" not in err
+    stopped = int(out.split("stopped by SIGUSR1 at global step ")[1].split(";")[0])
+    assert stopped < 300, "the signal came after the run had finished"
+    assert (tmp / "int" / "checkpoints" / f"ckpt-{stopped:09d}" / "index.json").exists()
+    resumed = cotsdl("train", str(cfg))
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"global step {stopped}" in resumed.stdout
+    a, b = weights(tmp / "ref", 300), weights(tmp / "int", 300)
+    assert a.keys() == b.keys() and len(a) == 4  # 2 rank files x 2 stages
+    for k in a:
+        assert np.array_equal(a[k], b[k]), f"{k} differs after the interruption"
+
+
+def test_a_second_signal_exits_at_once():
+    code = textwrap.dedent("""
+        import os, signal, time
+        from cotsdl.cli.signals import PreemptionGuard
+        g = PreemptionGuard()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert g.requested() and g.name == "SIGUSR1"
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+    """)
+    t0 = time.time()
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 128 + signal.SIGTERM and time.time() - t0 < 20
+    assert "second signal SIGTERM: exiting now" in res.stderr
+
+
+def _nan_file(path):
+    x = np.random.default_rng(1).standard_normal((40, 12, 12)).astype(np.float32)
+    x[np.random.default_rng(1).permutation(40)[:3], 5, 6] = np.nan
+    with h5py.File(path, "w") as f:  # behind the writer's back, as a user's own file may be
+        f["images"] = x
+    return path
+
+
+def _labels_file(path):
+    with h5py.File(path, "w") as f:
+        f["images"] = np.zeros((40, 12, 12), np.uint8)
+        f["labels"] = np.zeros(39, np.int64)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case, message", [
+    ("missing", "dataset {tmp}/missing.h5: no such file"),
+    ("shape", "images are 10x12x1, the network's input is 12x12x1"),
+    ("few", "3 image(s), fewer than one global batch of 4"),
+    ("truncated", "cannot read it as HDF5 (truncated or corrupt?)"),
+    ("labels", "'labels' must be (40,) integers"),
+    ("nan", "has NaN or Inf pixels"),
+    ("folder", "is not empty and holds no config.toml"),
+])
+def test_bad_data_fails_once_on_rank_0_on_every_rank(setup, case, message):
+    tmp, make = setup
+    rng = np.random.default_rng(0)
+    data, extra = tmp / f"{case}.h5", ["--set", "data.preprocess=none"]
+    if case == "shape":
+        write_dataset(data, rng.integers(0, 256, (40, 10, 12), dtype=np.uint8))
+    elif case == "few":
+        write_dataset(data, rng.integers(0, 256, (3, 12, 12), dtype=np.uint8))
+    elif case == "truncated":
+        write_dataset(data, rng.integers(0, 256, (400, 12, 12), dtype=np.uint8))
+        data.write_bytes(data.read_bytes()[:5000])
+    elif case == "labels":
+        _labels_file(data)
+    elif case == "nan":
+        _nan_file(data)
+    elif case == "folder":
+        data = tmp / "tiny.h5"
+        (tmp / "run").mkdir()
+        (tmp / "run" / "thesis.tex").write_text("precious")
+    t0 = time.time()
+    res = cotsdl("train", str(make(data=data)), *extra)
+    assert res.returncode != 0 and time.time() - t0 < 60
+    assert res.stderr.count(message.format(tmp=tmp)) == 1, res.stderr
+    assert "Traceback" not in res.stderr
+    if case == "folder":
+        assert (tmp / "run" / "thesis.tex").read_text() == "precious"
+    elif case != "nan":
+        assert not (tmp / "run").exists()  # nothing written before the data was checked
+
+
+def test_inspect(setup):
+    tmp, make = setup
+    res = subprocess.run([sys.executable, "-m", "cotsdl", "inspect", str(tmp / "tiny.h5"), "--config", str(make()),
+                          "--scan"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "images: 40 x 12x12x1 uint8" in res.stdout and "pixel values: 0 .. 255" in res.stdout
+    assert res.stdout.rstrip().endswith("valid for " + str(tmp / "c.toml"))
+    bad = subprocess.run([sys.executable, "-m", "cotsdl", "inspect", str(tmp / "tiny.h5"), "--config", str(make()),
+                          "--set", "network.input=[12, 12, 3]"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "NOT VALID" in bad.stdout and "the network's input is 12x12x3" in bad.stdout
+    nan = subprocess.run([sys.executable, "-m", "cotsdl", "inspect", str(_nan_file(tmp / "n.h5")), "--scan"],
+                         capture_output=True, text=True, timeout=60)
+    assert nan.returncode == 2 and "3 image(s) with NaN or Inf values" in nan.stdout
+    missing = subprocess.run([sys.executable, "-m", "cotsdl", "inspect", str(tmp / "zz.h5")], capture_output=True,
+                             text=True, timeout=60)
+    assert missing.returncode == 2 and "zz.h5: no such file" in missing.stderr and "Traceback" not in missing.stderr
