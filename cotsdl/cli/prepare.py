@@ -1,0 +1,136 @@
+"""``cotsdl prepare-data``: build dataset files (one process, no MPI).
+
+    cotsdl prepare-data natural OUT --count N --size H W [--channels 1|3] [--mix-faces K] ...
+    cotsdl prepare-data faces OUT --size H W [--mixable M] [--distractor-crops D] ...
+    cotsdl prepare-data folder SRC OUT --size H W [--mode crop|resize]
+    cotsdl prepare-data synthetic OUT --count N --size H W [--dtype float32|uint8] [--labels]
+    cotsdl prepare-data stats FILE
+
+Give ``natural`` and ``faces`` the same ``--face-split-seed`` and ``--mixable``: then
+no face of the evaluation set is in the training set.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def _positive(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return v
+
+
+def _non_negative(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text}")
+    return v
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``prepare-data`` subcommand (and its builders) to an argparse ``subparsers``."""
+    p = subparsers.add_parser("prepare-data", help="build an HDF5 image dataset (natural, faces, folder, synthetic) "
+                              "or add per-image statistics to one",
+                              description="Build an HDF5 image dataset on one process (no MPI), or add per-image "
+                              "statistics to one.")
+    sub = p.add_subparsers(dest="builder", required=True, metavar="{natural,faces,folder,synthetic,stats}")
+
+    def builder(name: str, help: str, count: bool = False, seed: bool = True, mode: bool = True):
+        b = sub.add_parser(name, help=help, description=help)
+        if name == "folder":
+            b.add_argument("src", metavar="SRC", help="folder of PNG/JPEG images (sorted by name, not recursive)")
+        b.add_argument("out", metavar="OUT", help="the HDF5 file to write (replaced only when complete)")
+        if count:
+            b.add_argument("--count", type=_positive, required=True, metavar="N", help="number of images")
+        b.add_argument("--size", type=_positive, nargs=2, metavar=("H", "W"), required=True, help="image size")
+        b.add_argument("--channels", type=int, choices=[1, 3], default=1, help="1 (grayscale, default) or 3 (RGB)")
+        if seed:
+            b.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+        if mode:
+            b.add_argument("--mode", choices=["crop", "resize"], default="crop",
+                           help="where aspect ratios differ: center-crop then resize (default), or plain resize")
+        b.add_argument("--compression", choices=["none", "gzip", "lzf"], default="none")
+        return b
+
+    def face_split_options(b):
+        b.add_argument("--face-split-seed", type=int, default=0, metavar="SEED",
+                       help="seed of the LFW face split (default 0)")
+        b.add_argument("--mixable", type=_non_negative, default=50, metavar="M",
+                       help="LFW faces that may go into training data; the other 100-M are held out (default 50)")
+
+    n = builder("natural", "random crops of scikit-image's bundled photographs (unlabeled)", count=True)
+    n.add_argument("--scale", type=float, nargs=2, metavar=("LO", "HI"), default=[0.5, 1.0],
+                   help="crop side as a fraction of the photo's shorter side (default 0.5 1.0)")
+    n.add_argument("--no-flip", dest="flip", action="store_false", help="no random horizontal flips")
+    n.add_argument("--mix-faces", type=_non_negative, default=0, metavar="K",
+                   help="mix this many LFW faces of the mixable part into the images (default 0)")
+    face_split_options(n)
+    f = builder("faces", "labeled evaluation set: held-out LFW faces (1) vs non-faces and held-out photo crops (0)")
+    face_split_options(f)
+    f.add_argument("--distractor-crops", type=_non_negative, default=100, metavar="D",
+                   help="random crops of the held-out photographs among the distractors (default 100)")
+    builder("folder", "a folder of your own images", seed=False)
+    s = builder("synthetic", "small generated images (blobs and gratings) for tests", count=True, mode=False)
+    s.add_argument("--dtype", choices=["float32", "uint8"], default="float32")
+    s.add_argument("--labels", action="store_true", help="store labels (1 = the image has a grating)")
+    st = sub.add_parser("stats", help="add per-image statistics (image_mean, image_std) to a file that lacks them")
+    st.add_argument("file", metavar="FILE")
+    st.add_argument("--force", action="store_true", help="recompute them when the file has them already")
+    return p
+
+
+def _build(args) -> str:
+    from ..io import builders  # noqa: PLC0415 - h5py only when the command runs
+
+    common = {"size": args.size, "channels": getattr(args, "channels", 1),
+              "compression": None if getattr(args, "compression", "none") == "none" else args.compression}
+    if args.builder == "natural":
+        builders.natural(args.out, args.count, seed=args.seed, scale=args.scale, flip=args.flip,
+                         mix_faces=args.mix_faces, face_split_seed=args.face_split_seed, mixable=args.mixable,
+                         mode=args.mode, **common)
+    elif args.builder == "faces":
+        builders.faces(args.out, seed=args.seed, face_split_seed=args.face_split_seed, mixable=args.mixable,
+                       distractor_crops=args.distractor_crops, mode=args.mode, **common)
+    elif args.builder == "folder":
+        builders.folder(args.out, args.src, mode=args.mode, **common)
+    elif args.builder == "synthetic":
+        builders.synthetic(args.out, args.count, seed=args.seed, dtype=args.dtype, labels=args.labels, **common)
+    else:  # pragma: no cover - argparse allows only the builders above
+        raise ValueError(f"unknown builder {args.builder!r}")
+    return args.out
+
+
+def _describe(path: str) -> str:
+    from ..io.dataset import inspect  # noqa: PLC0415
+
+    info = inspect(path)
+    h, w, c = info.image_shape
+    text = f"{path}: {info.count} images {h}x{w}x{c} {info.dtype}"
+    if info.labels is not None:
+        text += ", labels " + ", ".join(f"{k}: {v}" for k, v in sorted(info.labels.items()))
+    return text
+
+
+def run(args) -> int:
+    """Run a parsed ``prepare-data`` command; 0 on success, 2 (with a message on stderr) on bad input."""
+    from ..io.dataset import DatasetError  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    try:
+        if args.builder == "stats":
+            from ..io.builders import add_stats  # noqa: PLC0415
+
+            if not add_stats(args.file, force=args.force):
+                print(f"{args.file} has image_mean and image_std already (--force recomputes them)")
+                return 0
+            print(f"added image_mean, image_std to {_describe(args.file)} in {time.perf_counter() - t0:.1f} s")
+            return 0
+        path = _build(args)
+        print(f"wrote {_describe(path)} in {time.perf_counter() - t0:.1f} s")
+        return 0
+    except (DatasetError, ValueError, OSError) as e:
+        print(f"cotsdl: error: {e}", file=sys.stderr, flush=True)
+        return 2

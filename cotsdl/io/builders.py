@@ -1,0 +1,463 @@
+"""Deterministic builders of dataset files (format: :mod:`cotsdl.io.dataset`).
+
+- :func:`natural`: unlabeled random crops of scikit-image's bundled photographs
+  (:data:`TRAIN_PHOTOS`), optionally with some LFW faces mixed in (the stand-in for
+  the paper's YouTube frames, some of which show faces);
+- :func:`faces`: the labeled evaluation set: held-out LFW faces (label 1) against LFW
+  non-faces and crops of :data:`HELD_OUT_PHOTOS` (label 0);
+- :func:`folder`: a folder of the user's own PNG/JPEG images;
+- :func:`synthetic`: small generated images for tests (numpy only).
+
+Each builder is a pure function of its arguments (and of the scikit-image version,
+which is recorded): it writes its full recipe into the file. The 100 LFW faces are
+split once by :func:`face_split`, which both :func:`natural` and :func:`faces` call,
+so that no face of the evaluation set can ever be mixed into training data.
+
+scikit-image and Pillow are imported only inside the builders that need them
+(``pip install 'cotsdl[data]'``); this module imports with numpy and h5py alone.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import h5py
+import numpy as np
+
+from .. import __version__
+from .dataset import DatasetError, DatasetWriter, image_stats, inspect, write_dataset
+
+#: Photographs that :func:`natural` crops (all bundled with scikit-image, no download).
+TRAIN_PHOTOS = ("astronaut", "camera", "coffee", "chelsea", "rocket", "grass", "gravel", "brick", "moon", "coins",
+                "clock", "immunohistochemistry", "retina", "colorwheel")
+#: Photographs only :func:`faces` uses (distractors); never in training data. Not
+#: ``cat``: scikit-image's ``cat()`` is the same picture as ``chelsea()``.
+HELD_OUT_PHOTOS = ("hubble_deep_field", "text", "page", "microaneurysms", "cell", "stereo_motorcycle")
+LFW_FACES = 100  # lfw_subset(): images 0..99 are faces, 100..199 non-faces
+MODES = ("crop", "resize")
+DEFAULT_SCALE = (0.5, 1.0)
+BATCH = 256
+PROGRESS_EVERY = 500
+
+
+def _need(module: str, package: str, who: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise DatasetError(f"{who} needs {package}: pip install 'cotsdl[data]'") from None
+
+
+def _skimage(module: str, who: str):
+    return _need(module, "scikit-image", who)
+
+
+# ---------------------------------------------------------------- argument checks
+
+def _check_size(size: Sequence[int]) -> tuple[int, int]:
+    if len(size) != 2 or not all(int(v) == v and v >= 1 for v in size):
+        raise ValueError(f"size must be two positive integers (H, W), got {tuple(size)}")
+    return int(size[0]), int(size[1])
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _check_common(count: int | None, size, channels: int, mode: str | None = None) -> tuple[int, int]:
+    if count is not None:
+        _check(int(count) == count and count >= 1, f"count must be a positive integer, got {count}")
+    _check(channels in (1, 3), f"channels must be 1 (grayscale) or 3 (RGB), got {channels}")
+    if mode is not None:
+        _check(mode in MODES, f"mode must be 'crop' or 'resize', got {mode!r}")
+    return _check_size(size)
+
+
+def _recipe(builder: str, seed: int | None, params: dict[str, Any], skimage: bool = True,
+            **extra: Any) -> dict[str, Any]:
+    out = {"builder": builder, "cotsdl_version": __version__, "seed": None if seed is None else int(seed),
+           "params": params, **extra}
+    if skimage:  # resizing may change between versions: say which one made the file
+        out["scikit_image_version"] = _skimage("skimage", builder).__version__
+    return out
+
+
+# ---------------------------------------------------------------- shared pixel helpers
+
+def _as_float(img: np.ndarray) -> np.ndarray:
+    """Pixels as float64 in [0, 1]."""
+    img = np.asarray(img)
+    if img.dtype == np.uint8:
+        return img / 255.0
+    if img.dtype == np.uint16:
+        return img / 65535.0
+    return np.clip(img.astype(np.float64), 0.0, 1.0)
+
+
+def _to_channels(img: np.ndarray, channels: int) -> np.ndarray:
+    """(h, w[, 3|4]) float -> (h, w, channels): gray by rgb2gray, RGB from gray by replication."""
+    if img.ndim == 3 and img.shape[2] in (2, 4):  # drop alpha
+        img = img[..., :-1]
+    if img.ndim == 3 and img.shape[2] == 1:
+        img = img[..., 0]
+    if channels == 1:
+        if img.ndim == 3:
+            img = _skimage("skimage.color", "converting to grayscale").rgb2gray(img)
+        return img[..., None]
+    return np.repeat(img[..., None], 3, axis=2) if img.ndim == 2 else img
+
+
+def _center_box(h: int, w: int, size: tuple[int, int]) -> tuple[int, int]:
+    """The largest (height, width) of aspect ratio ``size`` that fits in h x w."""
+    bh = min(h, w * size[0] / size[1])
+    return max(1, round(bh)), max(1, round(bh * size[1] / size[0]))
+
+
+def _resize(img: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """(h, w, C) float -> (H, W, C), anti-aliased."""
+    transform = _skimage("skimage.transform", "resizing images")
+    h, w = img.shape[:2]
+    # A big reduction (a 1000-pixel crop to 32) makes the anti-aliasing Gaussian wide
+    # and slow: average k x k blocks first (itself an anti-aliasing filter) and leave
+    # at least a factor 2 to resize(). The < k trimmed pixels do not matter.
+    k = min(h // size[0], w // size[1]) // 2
+    if k >= 2:
+        h, w = h - h % k, w - w % k
+        img = img[:h, :w].reshape(h // k, k, w // k, k, -1).mean(axis=(1, 3))
+    return transform.resize(img, size + img.shape[2:], order=1, anti_aliasing=True, mode="reflect")
+
+
+def _fit(img: np.ndarray, size: tuple[int, int], mode: str) -> np.ndarray:
+    """Resize to ``size``; with mode "crop", center-crop to its aspect ratio first."""
+    if mode == "crop":
+        h, w = img.shape[:2]
+        ch, cw = _center_box(h, w, size)
+        y, x = (h - ch) // 2, (w - cw) // 2
+        img = img[y:y + ch, x:x + cw]
+    return _resize(img, size)
+
+
+def _to_uint8(img: np.ndarray) -> np.ndarray:
+    return np.clip(np.rint(img * 255.0), 0, 255).astype(np.uint8)
+
+
+def _draw_crop(rng: np.random.Generator, shapes: Sequence[tuple[int, int]], size: tuple[int, int],
+               scale: tuple[float, float], flip: bool) -> tuple[int, int, int, int, int, bool]:
+    """Draw (photo, y, x, height, width, flipped) of one random crop of aspect ``size``.
+
+    Always five draws, whatever the outcome, so one image's choices never shift the next's."""
+    p = int(rng.integers(len(shapes)))
+    frac = rng.uniform(*scale)
+    h, w = shapes[p]
+    bh, bw = _center_box(h, w, size)
+    ch, cw = max(1, round(frac * bh)), max(1, round(frac * bw))
+    y, x = int(rng.integers(h - ch + 1)), int(rng.integers(w - cw + 1))
+    flipped = bool(rng.random() < 0.5) and flip
+    return p, y, x, ch, cw, flipped
+
+
+def _crops(rng: np.random.Generator, photos: Sequence[np.ndarray], n: int, size: tuple[int, int],
+           scale: tuple[float, float], flip: bool, skip: Iterable[int] = ()) -> Iterable[np.ndarray | None]:
+    """Yield n random crops (uint8, (H, W, C)); None at the positions in ``skip``
+    (drawn all the same, so the other crops do not depend on ``skip``)."""
+    shapes = [ph.shape[:2] for ph in photos]
+    skip = set(skip)
+    for i in range(n):
+        p, y, x, ch, cw, flipped = _draw_crop(rng, shapes, size, scale, flip)
+        if i in skip:
+            yield None
+            continue
+        crop = photos[p][y:y + ch, x:x + cw]
+        yield _to_uint8(_resize(crop[:, ::-1] if flipped else crop, size))
+
+
+class _Progress:
+    """Progress lines on stderr every ``PROGRESS_EVERY`` images, for big builds only."""
+
+    def __init__(self, total: int, what: str):
+        self.total, self.what, self.on = total, what, total >= 2 * PROGRESS_EVERY
+
+    def __call__(self, done: int) -> None:
+        if self.on and (done % PROGRESS_EVERY == 0 or done == self.total):
+            print(f"{self.what}: {done}/{self.total} images", file=sys.stderr, flush=True)
+
+
+def _stream(w: DatasetWriter, images: Iterable[np.ndarray], progress: _Progress) -> None:
+    """Add images one by one to the writer in batches (constant memory)."""
+    batch: list[np.ndarray] = []
+    for img in images:
+        batch.append(img)
+        if len(batch) == BATCH:
+            w.add(np.stack(batch))
+            batch.clear()
+        progress(w.n + len(batch))
+    if batch:
+        w.add(np.stack(batch))
+
+
+# ---------------------------------------------------------------- sources
+
+@functools.lru_cache(maxsize=None)
+def _photo(name: str, channels: int) -> np.ndarray:
+    """A bundled photograph as read-only float64 (h, w, channels) in [0, 1]."""
+    data = _skimage("skimage.data", "the natural and faces builders")
+    img = getattr(data, name)()
+    img = img[0] if isinstance(img, tuple) else img  # stereo_motorcycle: (left, right, disparity)
+    out = _to_channels(_as_float(img), channels)
+    out.flags.writeable = False
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _lfw() -> np.ndarray:
+    out = _skimage("skimage.data", "the LFW faces").lfw_subset()
+    out.flags.writeable = False
+    return out
+
+
+def face_split(face_split_seed: int = 0, mixable: int = 50) -> tuple[np.ndarray, np.ndarray]:
+    """Split the 100 LFW faces into a part that may be mixed into training data and the held-out rest.
+
+    Parameters
+    ----------
+    face_split_seed : int
+    mixable : int
+        How many faces may go into training data (0..99; at least one stays held out).
+
+    Returns
+    -------
+    mixable_idx, held_out_idx : sorted int arrays of indices into ``lfw_subset()[:100]``
+    """
+    _check(int(mixable) == mixable and 0 <= mixable < LFW_FACES,
+           f"mixable must be an integer from 0 to {LFW_FACES - 1} (at least one of the {LFW_FACES} LFW faces "
+           f"stays held out), got {mixable}")
+    perm = np.random.default_rng(face_split_seed).permutation(LFW_FACES)
+    return np.sort(perm[:mixable]), np.sort(perm[mixable:])
+
+
+def lfw_images(indices: Sequence[int], size: Sequence[int], channels: int = 1, mode: str = "crop") -> np.ndarray:
+    """LFW images ``lfw_subset()[indices]`` (0..99 faces, 100..199 non-faces) exactly as the
+    builders store them: (n, H, W, channels) uint8."""
+    size = _check_common(None, size, channels, mode)
+    lfw = _lfw()
+    out = [_to_uint8(_fit(_to_channels(lfw[int(i)], channels), size, mode)) for i in indices]
+    return np.stack(out) if out else np.zeros((0,) + size + (channels,), np.uint8)
+
+
+# ---------------------------------------------------------------- builders
+
+def natural(path: str | os.PathLike, count: int, size: Sequence[int], channels: int = 1, seed: int = 0,
+            scale: Sequence[float] = DEFAULT_SCALE, flip: bool = True, mix_faces: int = 0, face_split_seed: int = 0,
+            mixable: int = 50, mode: str = "crop", compression: str | None = None) -> Path:
+    """Unlabeled random crops of :data:`TRAIN_PHOTOS`, uint8.
+
+    Parameters
+    ----------
+    path : str or Path
+        The file to write.
+    count : int
+        Number of images.
+    size : (H, W)
+    channels : 1 or 3
+    seed : int
+        Seed of the crops (photo, scale, position, flip).
+    scale : (lo, hi)
+        A crop's side is a uniform random fraction in [lo, hi] of the largest box of
+        aspect H:W that fits in the photo (for square sizes: of its shorter side).
+    flip : bool
+        Flip half of the crops horizontally.
+    mix_faces : int
+        Put this many LFW faces of the *mixable* part of :func:`face_split` at seeded
+        random positions (unflipped; faces repeat if more than ``mixable``). The
+        other images are the same as with ``mix_faces=0``.
+    face_split_seed, mixable : int
+        The face split (give :func:`faces` the same values).
+    mode : "crop" or "resize"
+        How the square LFW faces are fit to a non-square ``size``.
+    compression : None, "gzip" or "lzf"
+    """
+    size = _check_common(count, size, channels, mode)
+    scale = tuple(float(v) for v in scale)
+    _check(len(scale) == 2 and 0 < scale[0] <= scale[1] <= 1, f"scale must be 0 < lo <= hi <= 1, got {scale}")
+    _check(int(mix_faces) == mix_faces and 0 <= mix_faces <= count,
+           f"mix_faces must be an integer from 0 to count ({count}), got {mix_faces}")
+    mix_idx, held_idx = face_split(face_split_seed, mixable)
+    _check(mix_faces == 0 or len(mix_idx) > 0, "mix_faces > 0 needs mixable >= 1")
+    face_at: dict[int, int] = {}
+    face_imgs = None
+    if mix_faces:
+        frng = np.random.default_rng([seed, 1])  # a stream of its own: the crops stay the same
+        positions = frng.choice(count, int(mix_faces), replace=False)
+        reps = -(-int(mix_faces) // len(mix_idx))
+        which = np.concatenate([frng.permutation(len(mix_idx)) for _ in range(reps)])[:int(mix_faces)]
+        face_at = {int(p): int(k) for p, k in zip(positions, which)}
+        face_imgs = lfw_images(mix_idx, size, channels, mode)
+    photos = [_photo(name, channels) for name in TRAIN_PHOTOS]
+    params = {"count": int(count), "size": list(size), "channels": channels, "scale": list(scale), "flip": bool(flip),
+              "mix_faces": int(mix_faces), "face_split_seed": int(face_split_seed), "mixable": int(mixable),
+              "mode": mode}
+    recipe = _recipe("natural", seed, params, sources=list(TRAIN_PHOTOS),
+                     face_split={"mixable": mix_idx.tolist(), "held_out": held_idx.tolist()} if mix_faces else None)
+    crops = _crops(np.random.default_rng(seed), photos, int(count), size, scale, flip, skip=face_at)
+    images = (face_imgs[face_at[i]] if img is None else img for i, img in enumerate(crops))
+    with DatasetWriter(path, int(count), size + (channels,), np.uint8, recipe, compression=compression) as w:
+        _stream(w, images, _Progress(int(count), f"natural {path}"))
+    return Path(path)
+
+
+def faces(path: str | os.PathLike, size: Sequence[int], channels: int = 1, seed: int = 0, face_split_seed: int = 0,
+          mixable: int = 50, distractor_crops: int = 100, mode: str = "crop", compression: str | None = None) -> Path:
+    """The labeled evaluation set, uint8, labels 1 = face, 0 = distractor.
+
+    Faces: the held-out part of :func:`face_split` (100 - ``mixable`` images).
+    Distractors: the 100 LFW non-faces and ``distractor_crops`` random crops of
+    :data:`HELD_OUT_PHOTOS`. All fit to ``size`` (``mode`` as in :func:`folder`),
+    in an order shuffled by ``seed``.
+    """
+    size = _check_common(None, size, channels, mode)
+    _check(int(distractor_crops) == distractor_crops and distractor_crops >= 0,
+           f"distractor_crops must be a non-negative integer, got {distractor_crops}")
+    mix_idx, held_idx = face_split(face_split_seed, mixable)
+    rng = np.random.default_rng(seed)
+    photos = [_photo(name, channels) for name in HELD_OUT_PHOTOS]
+    crops = list(_crops(rng, photos, int(distractor_crops), size, DEFAULT_SCALE, True))
+    images = np.concatenate([lfw_images(held_idx, size, channels, mode),
+                             lfw_images(range(LFW_FACES, 2 * LFW_FACES), size, channels, mode)]
+                            + ([np.stack(crops)] if crops else []))
+    labels = np.r_[np.ones(len(held_idx), np.int64), np.zeros(len(images) - len(held_idx), np.int64)]
+    order = rng.permutation(len(images))
+    params = {"size": list(size), "channels": channels, "face_split_seed": int(face_split_seed),
+              "mixable": int(mixable), "distractor_crops": int(distractor_crops),
+              "distractor_scale": list(DEFAULT_SCALE), "mode": mode}
+    recipe = _recipe("faces", seed, params, sources=["lfw_subset"] + list(HELD_OUT_PHOTOS),
+                     face_split={"mixable": mix_idx.tolist(), "held_out": held_idx.tolist()})
+    return write_dataset(path, images[order], labels[order], recipe, compression)
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
+
+
+def _read_image(file: Path, channels: int, Image, ImageOps) -> np.ndarray:
+    """Decode one file to float64 (h, w, channels) in [0, 1]."""
+    try:
+        with Image.open(file) as im:
+            im = ImageOps.exif_transpose(im)  # camera photos: stored sideways, shown upright
+            if im.mode.startswith("I;16") or im.mode in ("I", "F"):
+                arr = np.asarray(im, np.float64) / (1.0 if im.mode == "F" else 65535.0)
+            else:
+                arr = np.asarray(im.convert("RGB"))
+    except Exception as e:  # Pillow raises many kinds (OSError, SyntaxError, ValueError...)
+        raise DatasetError(f"{file}: cannot decode the image ({type(e).__name__}: {e})") from None
+    return _to_channels(_as_float(arr), channels)
+
+
+def folder(path: str | os.PathLike, src_folder: str | os.PathLike, size: Sequence[int], channels: int = 1,
+           mode: str = "crop", compression: str | None = None) -> Path:
+    """The images of a folder (PNG, JPEG, BMP, TIFF, WebP; sorted by name, not recursive), uint8.
+
+    Parameters
+    ----------
+    mode : "crop" or "resize"
+        "crop": center-crop each image to the aspect ratio of ``size``, then resize;
+        "resize": resize (the aspect ratio changes).
+
+    Other files are skipped with a warning; a file that cannot be decoded is an error.
+    """
+    size = _check_common(None, size, channels, mode)
+    src = Path(src_folder)
+    if not src.is_dir():
+        raise DatasetError(f"{src}: no such folder" if not src.exists() else f"{src}: not a folder")
+    files, skipped = [], []
+    for f in sorted(src.iterdir()):
+        if f.is_file():
+            (files if f.suffix.lower() in IMAGE_SUFFIXES else skipped).append(f)
+    for f in skipped:
+        print(f"cotsdl: warning: {f}: not an image ({', '.join(IMAGE_SUFFIXES)}), skipped", file=sys.stderr)
+    if not files:
+        raise DatasetError(f"{src}: no images found ({', '.join(IMAGE_SUFFIXES)})")
+    pil = _need("PIL.Image", "Pillow", "the folder builder")
+    ops = _need("PIL.ImageOps", "Pillow", "the folder builder")
+    names = [f.name for f in files]
+    params = {"src_folder": str(src.resolve()), "size": list(size), "channels": channels, "mode": mode}
+    listing = {"files_count": len(names), "files_sha256": hashlib.sha256("\n".join(names).encode()).hexdigest(),
+               "skipped": [f.name for f in skipped][:100]}
+    if len(names) <= 10000:  # keep the attribute small for huge folders: the digest identifies them
+        listing["files"] = names
+    recipe = _recipe("folder", None, params, **listing)
+    images = (_to_uint8(_fit(_read_image(f, channels, pil, ops), size, mode)) for f in files)
+    with DatasetWriter(path, len(files), size + (channels,), np.uint8, recipe, compression=compression) as w:
+        _stream(w, images, _Progress(len(files), f"folder {src}"))
+    return Path(path)
+
+
+def _synthetic_image(rng: np.random.Generator, yy: np.ndarray, xx: np.ndarray, channels: int) -> tuple[np.ndarray, int]:
+    """One image (float64 in [0, 1], (H, W, C)): smooth blobs, with probability 1/2 an
+    oriented grating under a Gaussian window (label 1), plus noise."""
+    has_grating = int(rng.random() < 0.5)
+    blobs = rng.uniform([0, 0, 0.08, -1], [1, 1, 0.3, 1], size=(3, 4))  # y, x, sigma, amplitude
+    angle, phase, cycles, cy, cx, sigma = rng.uniform([0, 0, 2, 0.25, 0.25, 0.15],
+                                                      [np.pi, 2 * np.pi, 6, 0.75, 0.75, 0.35])
+    color = rng.uniform(0.5, 1.0, size=(4, channels))  # per component: its weight in each channel
+    noise = rng.standard_normal(yy.shape + (channels,))
+    parts = [b[3] * np.exp(-((yy - b[0]) ** 2 + (xx - b[1]) ** 2) / (2 * b[2] ** 2)) for b in blobs]
+    window = np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * sigma ** 2))
+    wave = np.cos(2 * np.pi * cycles * (np.cos(angle) * xx + np.sin(angle) * yy) + phase)
+    parts.append(has_grating * window * wave)
+    img = sum(p[..., None] * c for p, c in zip(parts, color))
+    return np.clip(0.5 + 0.3 * img + 0.03 * noise, 0.0, 1.0), has_grating
+
+
+def synthetic(path: str | os.PathLike, count: int, size: Sequence[int], channels: int = 1, seed: int = 0,
+              dtype: str = "float32", labels: bool = False, compression: str | None = None) -> Path:
+    """Small generated images for tests (numpy only, fast): smooth blobs, and in half of
+    them an oriented grating (label 1 when ``labels``), plus a little noise.
+
+    Parameters
+    ----------
+    dtype : "float32" (values in [0, 1]) or "uint8"
+    labels : bool
+        Store labels (1 = has a grating). The images are the same either way.
+    """
+    size = _check_common(count, size, channels)
+    _check(dtype in ("float32", "uint8"), f"dtype must be 'float32' or 'uint8', got {dtype!r}")
+    yy, xx = np.meshgrid((np.arange(size[0]) + 0.5) / size[0], (np.arange(size[1]) + 0.5) / size[1], indexing="ij")
+    rng = np.random.default_rng(seed)
+    params = {"count": int(count), "size": list(size), "channels": channels, "dtype": dtype, "labels": bool(labels)}
+    recipe = _recipe("synthetic", seed, params, skimage=False)
+    with DatasetWriter(path, int(count), size + (channels,), dtype, recipe, bool(labels), compression) as w:
+        for start in range(0, int(count), BATCH):
+            made = [_synthetic_image(rng, yy, xx, channels) for _ in range(min(BATCH, int(count) - start))]
+            imgs = np.stack([m[0] for m in made])
+            imgs = _to_uint8(imgs) if dtype == "uint8" else imgs.astype(np.float32)
+            w.add(imgs, [m[1] for m in made] if labels else None)
+    return Path(path)
+
+
+def add_stats(path: str | os.PathLike, chunk: int = 256, force: bool = False) -> bool:
+    """Add ``image_mean``/``image_std`` to a file that lacks them (or recompute with ``force``).
+
+    Everything is computed (reading ``chunk`` images at a time) before the file is
+    opened for writing. Returns whether the file was changed.
+    """
+    info = inspect(path)
+    problems = [p for p in info.problems if "image_mean" not in p]
+    if problems or not info.count:
+        raise DatasetError(f"{path}: {'; '.join(problems) or 'no images'}")
+    if info.has_stats and not force:
+        return False
+    mean, std = np.zeros(info.count), np.zeros(info.count)
+    with h5py.File(path, "r") as f:
+        images = f["images"]
+        for i in range(0, info.count, chunk):
+            mean[i:i + chunk], std[i:i + chunk] = image_stats(images[i:i + chunk])
+    with h5py.File(path, "r+") as f:
+        for name, values in (("image_mean", mean), ("image_std", std)):
+            if name in f:
+                del f[name]
+            f.create_dataset(name, data=values)
+    return True
