@@ -1,7 +1,7 @@
-"""The preemption protocol of ``cotsdl train``: SIGTERM or SIGUSR1 means "checkpoint and stop".
+"""The preemption protocol of ``cotsdl train``: SIGTERM, SIGUSR1 or SIGINT means "checkpoint and stop".
 
 Slurm (``--signal``) and PBS (before ``kill_delay`` runs out) warn a job before its
-time limit.  The first signal only sets a flag; the trainer asks every rank at the
+time limit; Ctrl-C at a terminal sends SIGINT.  The first signal only sets a flag; the trainer asks every rank at the
 next step boundary (one allreduce), all ranks write a checkpoint and the program
 exits with :data:`EXIT_REQUEUE` so that the job script can requeue it.  A second
 signal ends the process at once (status 128 + signal number): checkpoints are
@@ -14,7 +14,7 @@ import signal
 
 #: Exit status after a checkpoint written on request: "requeue me" (EX_TEMPFAIL of sysexits.h).
 EXIT_REQUEUE = 75
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 class PreemptionGuard:
