@@ -82,6 +82,7 @@ def make_optimizer(opt: dict[str, Any], sched: dict[str, Any]):
 
 def _setup_backend(cfg: dict[str, Any], comm) -> str:
     from .. import backend, ops  # noqa: PLC0415
+    from ..array.collective import raise_collectively  # noqa: PLC0415
     from ..array.grid import use_node_local_gpu  # noqa: PLC0415
     from mpi4py import MPI  # noqa: PLC0415
 
@@ -89,6 +90,13 @@ def _setup_backend(cfg: dict[str, Any], comm) -> str:
         os.environ["COTSDL_BACKEND"] = cfg["run"]["backend"]
     name = backend.name()
     if name == "cuda":
+        err = None
+        try:
+            import cupy  # noqa: F401, PLC0415
+        except ImportError as e:
+            err = (f"run.backend = \"cuda\" needs CuPy, which does not import ({e}); install it with "
+                   "pip install 'cotsdl[cuda12]' (or [cuda13]), or set run.backend = \"numpy\"")
+        raise_collectively(comm, err)
         use_node_local_gpu(comm)
     threads = cfg["run"]["threads"]
     if not threads:  # share the node's cores among its ranks (oversubscribed BLAS is many times slower)
