@@ -171,6 +171,10 @@ def _labels_file(path):
     ("labels", "'labels' must be (40,) integers"),
     ("nan", "has NaN or Inf pixels"),
     ("folder", "is not empty and holds no config.toml"),
+    ("noimages", "no 'images' dataset (it holds: pixels)"),
+    ("rank", "'images' must be (N, H, W) or (N, H, W, C), got shape (40, 144)"),
+    ("dtype", "'images' must be uint8, float32 or float64, got dtype complex64"),
+    ("empty", "'images' is empty (shape (0, 12, 12))"),
 ])
 def test_bad_data_fails_once_on_rank_0_on_every_rank(setup, case, message):
     tmp, make = setup
@@ -187,6 +191,13 @@ def test_bad_data_fails_once_on_rank_0_on_every_rank(setup, case, message):
         _labels_file(data)
     elif case == "nan":
         _nan_file(data)
+    elif case in ("noimages", "rank", "dtype", "empty"):
+        arrays = {"noimages": ("pixels", np.zeros((40, 12, 12), np.uint8)),
+                  "rank": ("images", np.zeros((40, 144), np.uint8)),
+                  "dtype": ("images", np.zeros((40, 12, 12), np.complex64)),
+                  "empty": ("images", np.zeros((0, 12, 12), np.float32))}
+        with h5py.File(data, "w") as f:
+            f[arrays[case][0]] = arrays[case][1]
     elif case == "folder":
         data = tmp / "tiny.h5"
         (tmp / "run").mkdir()
