@@ -4,6 +4,7 @@
     cotsdl prepare-data faces OUT --size H W [--mixable M] [--distractor-crops D] ...
     cotsdl prepare-data folder SRC OUT --size H W [--mode crop|resize]
     cotsdl prepare-data synthetic OUT --count N --size H W [--dtype float32|uint8] [--labels]
+    cotsdl prepare-data resize SRC OUT --size H W [--channels 1|3] [--mode crop|resize]
     cotsdl prepare-data stats FILE
 
 Give ``natural`` and ``faces`` the same ``--face-split-seed`` and ``--mixable``: then
@@ -36,7 +37,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               "or add per-image statistics to one",
                               description="Build an HDF5 image dataset on one process (no MPI), or add per-image "
                               "statistics to one.")
-    sub = p.add_subparsers(dest="builder", required=True, metavar="{natural,faces,folder,synthetic,stats}")
+    sub = p.add_subparsers(dest="builder", required=True, metavar="{natural,faces,folder,synthetic,resize,stats}")
 
     def builder(name: str, help: str, count: bool = False, seed: bool = True, mode: bool = True):
         b = sub.add_parser(name, help=help, description=help)
@@ -76,6 +77,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     s = builder("synthetic", "small generated images (blobs and gratings) for tests", count=True, mode=False)
     s.add_argument("--dtype", choices=["float32", "uint8"], default="float32")
     s.add_argument("--labels", action="store_true", help="store labels (1 = the image has a grating)")
+    r = sub.add_parser("resize", help="another dataset file at another image size (labels kept)",
+                       description="Write a copy of a dataset file at another image size, for a network whose "
+                                   "input differs from the file's images (labels kept; uint8 stays uint8).")
+    r.add_argument("src", metavar="SRC", help="the dataset file to convert")
+    r.add_argument("out", metavar="OUT", help="the HDF5 file to write (replaced only when complete)")
+    r.add_argument("--size", type=_positive, nargs=2, metavar=("H", "W"), required=True, help="image size")
+    r.add_argument("--channels", type=int, choices=[1, 3], help="1 or 3 (default: as in SRC)")
+    r.add_argument("--mode", choices=["crop", "resize"], default="crop",
+                   help="where aspect ratios differ: center-crop then resize (default), or plain resize")
+    r.add_argument("--compression", choices=["none", "gzip", "lzf"], default="none")
     st = sub.add_parser("stats", help="add per-image statistics (image_mean, image_std) to a file that lacks them")
     st.add_argument("file", metavar="FILE")
     st.add_argument("--force", action="store_true", help="recompute them when the file has them already")
@@ -85,7 +96,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _build(args) -> str:
     from ..io import builders  # noqa: PLC0415 - h5py only when the command runs
 
-    common = {"size": args.size, "channels": getattr(args, "channels", 1),
+    common = {"size": args.size, "channels": getattr(args, "channels", 1),  # resize: None keeps them
               "compression": None if getattr(args, "compression", "none") == "none" else args.compression}
     if args.builder == "natural":
         builders.natural(args.out, args.count, seed=args.seed, scale=args.scale, flip=args.flip,
@@ -96,6 +107,8 @@ def _build(args) -> str:
                        distractor_crops=args.distractor_crops, mode=args.mode, **common)
     elif args.builder == "folder":
         builders.folder(args.out, args.src, mode=args.mode, **common)
+    elif args.builder == "resize":
+        builders.resize(args.out, args.src, mode=args.mode, **common)
     elif args.builder == "synthetic":
         builders.synthetic(args.out, args.count, seed=args.seed, dtype=args.dtype, labels=args.labels, **common)
     else:  # pragma: no cover - argparse allows only the builders above

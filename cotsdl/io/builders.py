@@ -438,6 +438,38 @@ def synthetic(path: str | os.PathLike, count: int, size: Sequence[int], channels
     return Path(path)
 
 
+def resize(path: str | os.PathLike, src_path: str | os.PathLike, size: Sequence[int], channels: int | None = None,
+           mode: str = "crop", compression: str | None = None) -> Path:
+    """Another dataset file at another image size (labels kept): for a network whose input
+    differs from the file's images.
+
+    uint8 files stay uint8; float files become float32 (values are not clipped).
+    ``channels`` None keeps them; 1 or 3 converts (gray by rgb2gray, RGB by replication).
+    """
+    size = _check_common(None, size, 1 if channels is None else channels, mode)
+    info = inspect(src_path)
+    if info.problems or not info.count:
+        raise DatasetError(f"{src_path}: {'; '.join(info.problems) or 'no images'}")
+    channels = info.image_shape[2] if channels is None else channels
+    dtype = np.uint8 if info.dtype == "uint8" else np.float32
+    params = {"src": str(Path(src_path).resolve()), "size": list(size), "channels": channels, "mode": mode}
+    recipe = _recipe("resize", None, params, source_recipe=info.recipe)
+    progress = _Progress(info.count, f"resize {src_path}")
+
+    def convert(img: np.ndarray) -> np.ndarray:
+        x = img / 255.0 if img.dtype == np.uint8 else img.astype(np.float64)
+        x = _fit(_to_channels(x, channels), size, mode)
+        return _to_uint8(x) if dtype == np.uint8 else x.astype(np.float32)
+
+    with h5py.File(src_path, "r") as f, DatasetWriter(path, info.count, size + (channels,), dtype, recipe,
+                                                      labels=info.labels is not None, compression=compression) as w:
+        for i in range(0, info.count, BATCH):
+            batch = np.stack([convert(img) for img in f["images"][i:i + BATCH]])
+            w.add(batch, f["labels"][i:i + BATCH] if info.labels is not None else None)
+            progress(w.n)
+    return Path(path)
+
+
 def add_stats(path: str | os.PathLike, chunk: int = 256, force: bool = False) -> bool:
     """Add ``image_mean``/``image_std`` to a file that lacks them (or recompute with ``force``).
 

@@ -255,8 +255,9 @@ def check_for_network(info: DatasetInfo, input_shape: Sequence[int], global_batc
     want = tuple(int(v) for v in input_shape)
     if info.image_shape != want:
         h, w, c = info.image_shape
-        out.append(f"images are {h}x{w}x{c}, the network's input is {want[0]}x{want[1]}x{want[2]} "
-                   "(make a matching file: cotsdl prepare-data ... --size H W [--channels C])")
+        out.append(f"images are {h}x{w}x{c}, the network's input is {want[0]}x{want[1]}x{want[2]} (make a "
+                   f"matching file: cotsdl prepare-data resize {info.path} OUT --size {want[0]} {want[1]} "
+                   f"--channels {want[2]})")
     if global_batch is not None and info.count < global_batch:
         out.append(f"{info.count} image(s), fewer than one global batch of {global_batch}")
     if needs_stats and not info.has_stats:

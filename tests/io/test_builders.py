@@ -265,3 +265,29 @@ def test_cli_rejects_bad_options(argv, capsys):
     with pytest.raises(SystemExit) as e:
         cli(*argv)
     assert e.value.code == 2 and "error: argument" in capsys.readouterr().err
+
+
+def test_resize_converts_size_and_channels_and_keeps_labels(tmp_path, skimage):
+    rng = np.random.default_rng(0)
+    u8 = np.full((5, 20, 30, 3), 77, np.uint8)
+    u8[:, 5:15, 10:20] = 200  # a bright centre square: a crop keeps it in the middle
+    builders.synthetic(tmp_path / "s.h5", 5, (8, 8), labels=True)  # a labeled float file
+    with h5py.File(tmp_path / "s.h5", "r") as f:
+        labels = f["labels"][()]
+    from cotsdl.io.dataset import write_dataset
+
+    write_dataset(tmp_path / "u8.h5", u8, labels=labels)
+    builders.resize(tmp_path / "small.h5", tmp_path / "u8.h5", (10, 10), channels=1, mode="crop")
+    imgs, lab, recipe, mean, _ = read(tmp_path / "small.h5")
+    assert imgs.shape == (5, 10, 10, 1) and imgs.dtype == np.uint8 and np.array_equal(lab, labels)
+    assert recipe["builder"] == "resize" and recipe["source_recipe"] == {}
+    assert imgs[0, 5, 5, 0] > imgs[0, 0, 0, 0]  # the centre stays bright
+    f32 = rng.standard_normal((4, 12, 12)).astype(np.float32) * 3  # values far outside [0, 1] stay
+    write_dataset(tmp_path / "f.h5", f32)
+    builders.resize(tmp_path / "f6.h5", tmp_path / "f.h5", (12, 12), mode="resize")
+    same, _, _, _, _ = read(tmp_path / "f6.h5")
+    assert same.dtype == np.float32 and same.shape == (4, 12, 12, 1)
+    np.testing.assert_allclose(same[..., 0], f32, atol=1e-5)  # the same size: the same pixels
+    with pytest.raises(DatasetError, match="nope.h5: no such file"):
+        builders.resize(tmp_path / "x.h5", tmp_path / "nope.h5", (4, 4))
+    assert not (tmp_path / "x.h5").exists()
