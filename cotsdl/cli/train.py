@@ -149,12 +149,14 @@ def _summary(folder: Path, nstages: int, wall: float, history: list[dict]) -> di
     except (OSError, ValueError):
         recs = history
     stages = []
-    for k in range(nstages):
-        rs = [r for r in recs if r.get("stage") == k and not r.get("skipped")]
-        stages.append({"stage": k, "steps": max((r["stage_step"] for r in rs), default=0),
-                       "first_loss": rs[0]["loss"] if rs else None, "last_loss": rs[-1]["loss"] if rs else None,
-                       "first_reconstruction": rs[0]["reconstruction"] if rs else None,
-                       "last_reconstruction": rs[-1]["reconstruction"] if rs else None})
+    for k in range(nstages):  # first: the stage's first step; last: the mean over the last logged window
+        rs = [r for r in recs if r.get("stage") == k]
+        first, last = (rs[0], rs[-1]) if rs else ({}, {})
+        stages.append({"stage": k, "steps": last.get("stage_step", 0),
+                       "first_loss": first.get("loss"), "last_loss": last.get("loss_mean", last.get("loss")),
+                       "first_reconstruction": first.get("reconstruction"),
+                       "last_reconstruction": last.get("reconstruction_mean", last.get("reconstruction")),
+                       "last_mean_over_steps": last.get("mean_over", 1 if rs else 0)})
     speeds = sorted(r["images_per_s"] for r in history)
     return {"stages": stages, "session_seconds": wall, "session_steps": len(history),
             "images_per_s_median": speeds[len(speeds) // 2] if speeds else None}
@@ -304,7 +306,7 @@ def run(args) -> int:
             if s["first_loss"] is not None:
                 say(f"  stage {s['stage']}: loss {s['first_loss']:.4g} -> {s['last_loss']:.4g} "
                     f"(reconstruction {s['first_reconstruction']:.4g} -> {s['last_reconstruction']:.4g}), "
-                    f"{s['steps']} steps")
+                    f"{s['steps']} steps (first logged step -> mean of the last {s['last_mean_over_steps']})")
         if summary["images_per_s_median"]:
             say(f"  {summary['images_per_s_median']:.1f} images/s (median step)")
         say(f"  run folder {folder}: config.toml, checkpoints/, metrics.jsonl, log.txt, summary.json")

@@ -232,12 +232,20 @@ class GreedyTrainer:
         self._begin_stage(stage)
         self.optimizer.comm = self.layout.grid.comm  # also for an optimizer swapped in by the user
         objective = StageObjective(self.plan, stage, self.lam, self.tied)
-        records = []
+        records: list[dict[str, Any]] = []
+        window: list[dict[str, Any]] = []  # the steps since the last report
         for _ in range(int(steps)):
             rec = self._train_step(stage, objective)
             records.append(rec)
             self.history.append(rec)
-            if self.log_every and (self.stage_step % self.log_every == 0 or _ == int(steps) - 1):
+            window.append(rec)
+            if self.log_every and (self.stage_step % self.log_every == 0 or _ == int(steps) - 1
+                                   or self.stage_step == 1):  # a stage's first loss, to compare with
+                good = [r for r in window if not r["skipped"]] or window
+                for key in ("loss", "reconstruction", "sparsity"):  # one minibatch's loss is noisy
+                    rec[f"{key}_mean"] = float(np.mean([r[key] for r in good]))
+                rec["mean_over"] = len(good)
+                window = []
                 self._report(rec)
             elif self._is_root and hasattr(self._log, "isatty") and self._log.isatty():
                 print(f"\rstage {stage} step {self.stage_step} loss {rec['loss']:.4g}", end="", file=self._log)
@@ -275,8 +283,9 @@ class GreedyTrainer:
 
     def _report(self, rec: dict[str, Any]) -> None:
         comp = max(rec["seconds"] - rec["exchange_seconds"], 0.0)
+        mean = f", mean of {rec['mean_over']} steps {rec['loss_mean']:.5g}" if rec.get("mean_over", 1) > 1 else ""
         self._say(f"stage {rec['stage']} step {rec['stage_step']} (global {rec['step']}): loss {rec['loss']:.5g} "
-                  f"(reconstruction {rec['reconstruction']:.5g}, sparsity {rec['sparsity']:.5g}); "
+                  f"(reconstruction {rec['reconstruction']:.5g}, sparsity {rec['sparsity']:.5g}{mean}); "
                   f"{rec['images_per_s']:.1f} images/s; compute {comp * 1e3:.1f} ms, exchange "
                   f"{rec['exchange_seconds'] * 1e3:.1f} ms; lr {rec['lr']:.3g}")
         if self.metrics_file and self._is_root:
