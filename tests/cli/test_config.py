@@ -22,7 +22,9 @@ def test_defaults_are_filled_in():
     cfg = config.load(DEMO)
     assert cfg["train"]["optimizer"]["beta2"] == 0.999  # the kind's own defaults
     assert cfg["network"]["stages"][0]["filter"]["block"] == [1, 1]
-    assert cfg["train"]["schedule"] == {"kind": "constant", "warmup_steps": 0, "start_factor": 0.0}
+    assert cfg["train"]["schedule"]["start_factor"] == 0.0 and cfg["train"]["schedule"]["min_lr"] == 0.0
+    bare = config.load(DEMO, ["train.schedule={}"])  # no schedule given: a constant learning rate
+    assert bare["train"]["schedule"] == {"kind": "constant", "warmup_steps": 0, "start_factor": 0.0}
     assert cfg["parallel"] == {"replicas": 1, "grid": "auto"}
 
 

@@ -107,11 +107,14 @@ def test_metrics_and_log_lines(tmp_path):
     tr = GreedyTrainer(Network.from_description(NET3), InMemorySource(imgs), Adam(0.01), comm=MPI.COMM_SELF, batch=4,
                        log_every=2, metrics_file=str(tmp_path / "m.jsonl"), log=buf)
     tr.train_stage(0, 4)
-    assert buf.getvalue().count("stage 0 step") == 2 and "images/s" in buf.getvalue()
+    assert buf.getvalue().count("stage 0 step") == 3 and "images/s" in buf.getvalue()  # steps 1 (the first), 2, 4
     import json
 
     rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
-    assert [r["stage_step"] for r in rows] == [2, 4] and all("reconstruction" in r for r in rows)
+    assert [r["stage_step"] for r in rows] == [1, 2, 4] and all("reconstruction" in r for r in rows)
+    # each logged step also carries the mean over the steps since the previous one
+    assert [r["mean_over"] for r in rows] == [1, 1, 2]
+    assert rows[2]["loss_mean"] == pytest.approx(np.mean([h["loss"] for h in tr.history[2:4]]))
 
 
 def test_bad_input_is_named():
