@@ -76,8 +76,14 @@ class DatasetWriter:
             raise DatasetError(f"{self.path}: need count >= 1 and an (H, W) or (H, W, C) image shape, "
                                f"got {count} and {tuple(image_shape)}")
         folder = self.path.parent if str(self.path.parent) else Path(".")
-        if not folder.is_dir():
-            raise DatasetError(f"{self.path}: folder {folder} does not exist")
+        # missing folders are made (and removed again if the build fails)
+        self._made = [p for p in [folder, *folder.parents] if not p.exists()]
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise DatasetError(f"{self.path}: {folder} is not a folder") from None
+        except OSError as e:
+            raise DatasetError(f"{self.path}: cannot make folder {folder}: {e.strerror}") from None
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".partial", dir=folder)
         os.close(fd)
         self._tmp = Path(tmp)
@@ -130,6 +136,11 @@ class DatasetWriter:
             self._file.close()
         finally:
             self._tmp.unlink(missing_ok=True)
+            for p in self._made:  # deepest first
+                try:
+                    p.rmdir()
+                except OSError:
+                    break
 
     def __enter__(self) -> "DatasetWriter":
         return self
@@ -180,10 +191,20 @@ class DatasetInfo:
                          f"chunks {self.chunks}, compression {self.compression})")
         if self.labels is not None:
             lines.append("  labels: " + ", ".join(f"{k}: {v}" for k, v in sorted(self.labels.items())))
-        lines.append(f"  per-image statistics: {'yes' if self.has_stats else 'no'}")
+        lines.append("  per-image statistics: yes" if self.has_stats else "  per-image statistics: no (preprocessing "
+                     f"needs them: cotsdl prepare-data stats {self.path})")
         if self.recipe:
-            lines.append(f"  recipe: {json.dumps(self.recipe, sort_keys=True)}")
+            lines.append(f"  recipe: {json.dumps(_abridged(self.recipe), sort_keys=True)}")
         return "\n".join(lines)
+
+
+def _abridged(value: Any, items: int = 6) -> Any:
+    """A recipe for printing: long lists (file names, split indices) cut to their first items."""
+    if isinstance(value, dict):
+        return {k: _abridged(v, items) for k, v in value.items()}
+    if isinstance(value, list) and len(value) > items:
+        return [_abridged(v, items) for v in value[:items]] + [f"... {len(value) - items} more"]
+    return value
 
 
 def inspect(path: str | os.PathLike) -> DatasetInfo:

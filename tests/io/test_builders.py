@@ -246,11 +246,12 @@ def test_cli_builders(tmp_path, image_folder, capsys):
     (["natural", "OUT", "--count", 3, "--size", 8, 8, "--mix-faces", 4], "mix_faces must be .* got 4"),
     (["natural", "OUT", "--count", 3, "--size", 8, 8, "--scale", 0, 1], r"scale must be 0 < lo <= hi <= 1"),
     (["folder", "MISSING", "OUT", "--size", 8, 8], "MISSING: no such folder"),
-    (["synthetic", "NODIR/x.h5", "--count", 3, "--size", 8, 8], "folder NODIR does not exist"),
+    (["synthetic", "NODIR/x.h5", "--count", 3, "--size", 8, 8], "NODIR is not a folder"),
     (["stats", "MISSING"], "MISSING: no such file"),
 ])
 def test_cli_bad_values(tmp_path, capsys, argv, message):
     names = {"OUT": tmp_path / "o.h5", "MISSING": tmp_path / "missing", "NODIR/x.h5": tmp_path / "nodir" / "x.h5"}
+    (tmp_path / "nodir").write_text("a file where a folder should be")
     assert cli(*[names.get(a, a) for a in argv]) == 2
     err = capsys.readouterr().err
     message = message.replace("MISSING", str(tmp_path / "missing")).replace("NODIR", str(tmp_path / "nodir"))

@@ -48,6 +48,14 @@ def test_writer_format_and_inspect(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["a.h5"]  # no temporary left
 
 
+def test_writer_makes_missing_folders_and_removes_them_on_failure(tmp_path):
+    write_dataset(tmp_path / "new" / "deep" / "a.h5", images("uint8", n=2))
+    assert inspect(tmp_path / "new" / "deep" / "a.h5").count == 2
+    with pytest.raises(DatasetError, match="image 0 has NaN"):
+        write_dataset(tmp_path / "other" / "deeper" / "b.h5", np.full((2, 3, 3), np.nan, np.float32))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]
+
+
 def test_writer_leaves_nothing_on_failure(tmp_path):
     with pytest.raises(DatasetError, match="image 3 has NaN"):
         bad = images("float32")
