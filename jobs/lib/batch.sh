@@ -1,0 +1,240 @@
+# Shared by the cluster training jobs (jobs/slurm/train.sbatch, jobs/pbs/train.pbs),
+# which source it after they cd to the repository root.  Functions and the
+# variables they share; sourcing it runs nothing.  tests/test_jobs.py calls them.
+#
+#   cotsdl_trap_signals        handle SIGUSR1/SIGTERM from here on (see below)
+#   cotsdl_setup_env           site modules, then jobs/env.sh (COTSDL_SKIP_ENV=1: neither)
+#   cotsdl_report_mpi          print the MPI library; warn when it is the MPICH wheel
+#   cotsdl_launch CMD...       run the launcher in the background, forward the
+#                              checkpoint request to it, set COTSDL_STATUS to its real status
+#   cotsdl_finish REQUEUE_FN   report COTSDL_STATUS and exit (75: call REQUEUE_FN)
+#   cotsdl_duration_seconds D  [[[days:]hours:]minutes:]seconds -> seconds
+#   cotsdl_pbs_walltime        the PBS job's walltime in seconds (PBS_WALLTIME or qstat -f)
+#   cotsdl_signal_delay W L E  seconds to wait before the lead-time signal
+#   cotsdl_start_timer D LEAD  send SIGUSR1 to this script after D seconds
+#   cotsdl_stop_timer          (when the launcher has exited)
+#
+# Signals.  The program checkpoints on SIGUSR1 or SIGTERM received by any rank and
+# exits with 75; a *second* signal makes it exit at once, without a checkpoint.  So
+# the batch script passes on exactly one checkpoint request, as SIGUSR1 (the signal
+# every launcher forwards to its ranks rather than acting on it: srun, Hydra's
+# mpiexec):
+#   - SIGUSR1 to the batch script (Slurm's --signal=B:USR1@T, `scancel --batch
+#     --signal=USR1`, `qsig -s USR1`, the PBS lead-time timer) is forwarded to the
+#     launcher, the first one only; later ones are logged and dropped.
+#   - SIGTERM to the batch script is not forwarded: at the time limit, on scancel,
+#     qdel or preemption the scheduler sends SIGTERM to every process of the job
+#     itself, the launcher and the ranks included, and one more signal would stop the
+#     ranks before their checkpoint.  It is recorded (COTSDL_GOT_TERM, COTSDL_TERM_AT:
+#     seconds since the script started), and the job script decides whether a 75
+#     after it is requeued.  COTSDL_FORWARD_TERM=1 forwards it (as SIGUSR1) for a site
+#     whose scheduler signals only the batch script.
+# cotsdl_launch returns the launcher's real exit status however many signals came;
+# it looks at the launcher every COTSDL_POLL_SECONDS (1) seconds, so a signal is
+# forwarded within that time.
+
+COTSDL_STATUS=
+COTSDL_FORWARDED=
+COTSDL_GOT_TERM=
+COTSDL_TERM_AT=
+COTSDL_NO_REQUEUE=
+_cotsdl_child=
+_cotsdl_timer=
+
+cotsdl_log() {      # (printf's own clock: no command substitution in a signal handler)
+    printf '[cotsdl] %(%F %T)T %s\n' -1 "$*"
+}
+
+cotsdl_trap_signals() {
+    trap '_cotsdl_on_signal USR1' USR1
+    trap '_cotsdl_on_signal TERM' TERM
+}
+
+_cotsdl_on_signal() {
+    if [ "$1" = TERM ]; then
+        COTSDL_GOT_TERM=1
+        COTSDL_TERM_AT=${COTSDL_TERM_AT:-$SECONDS}
+        if [ "${COTSDL_FORWARD_TERM:-0}" = 1 ]; then
+            _cotsdl_forward TERM
+        else
+            cotsdl_log "SIGTERM to the batch script: not forwarded (the scheduler signals every" \
+                       "process of the job itself; set COTSDL_FORWARD_TERM=1 where it does not)"
+        fi
+    else
+        _cotsdl_forward "$1"
+    fi
+    return 0
+}
+
+_cotsdl_forward() {
+    if [ -n "$COTSDL_FORWARDED" ]; then
+        cotsdl_log "SIG$1 to the batch script: a checkpoint was already requested (SIG$COTSDL_FORWARDED);" \
+                   "not forwarded again (a second signal stops the ranks without a checkpoint;" \
+                   "cancel the job to stop at once)"
+        return 0
+    fi
+    COTSDL_FORWARDED=$1
+    if [ -z "$_cotsdl_child" ]; then
+        cotsdl_log "SIG$1 to the batch script before the launch: the run will not be started"
+    elif kill -USR1 "$_cotsdl_child" 2>/dev/null; then
+        cotsdl_log "SIG$1 to the batch script: forwarded as SIGUSR1 to the launcher (pid $_cotsdl_child);" \
+                   "the ranks checkpoint at the next step and exit with status 75"
+    else
+        cotsdl_log "SIG$1 to the batch script: the launcher (pid $_cotsdl_child) has already exited"
+    fi
+    return 0
+}
+
+cotsdl_setup_env() {
+    if [ "${COTSDL_SKIP_ENV:-0}" = 1 ]; then
+        cotsdl_log "COTSDL_SKIP_ENV=1: no module loads, no jobs/env.sh; python is $(command -v python || echo '(none)')"
+        return 0
+    fi
+    local m
+    for m in ${COTSDL_MODULES-}; do
+        if ! command -v module >/dev/null 2>&1; then
+            cotsdl_log "note: no 'module' command here; not loading ${COTSDL_MODULES} (using the MPI on PATH)"
+            break
+        fi
+        # Environment-modules and Lmod functions are not written for `set -u`.
+        set +u
+        module load "$m" || cotsdl_log "note: 'module load $m' failed; using the MPI on PATH"
+        set -u
+    done
+    # shellcheck disable=SC1091
+    . jobs/env.sh
+}
+
+cotsdl_report_mpi() {
+    local lib ver
+    lib=$(python -m mpi4py --mpi-library 2>/dev/null) || lib=
+    ver=$(python -m mpi4py --mpi-lib-version 2>/dev/null) || ver=
+    ver=${ver%%$'\n'*}
+    cotsdl_log "MPI library: ${lib:-unknown (python -m mpi4py --mpi-library failed)}${ver:+ ($ver)}"
+    if [ -n "$lib" ] && [ -n "${VIRTUAL_ENV:-}" ] && [ "${lib#"$VIRTUAL_ENV"/}" != "$lib" ]; then
+        cotsdl_log "WARNING: that is the MPICH wheel inside $VIRTUAL_ENV, not the site MPI: it does not" \
+                   "know the interconnect or GPU memory. Remove it ('python -m pip uninstall mpich')" \
+                   "or use a separate COTSDL_VENV for cluster jobs (jobs/README.md)."
+    fi
+}
+
+cotsdl_launch() {
+    if [ -n "$COTSDL_FORWARDED" ]; then
+        cotsdl_log "not launched: a checkpoint request arrived during the setup"
+        COTSDL_STATUS=75
+        return 0
+    fi
+    if [ -n "$COTSDL_GOT_TERM" ]; then
+        cotsdl_log "not launched: SIGTERM arrived during the setup"
+        COTSDL_STATUS=143
+        return 0
+    fi
+    cotsdl_log "launch: $*"
+    "$@" &
+    _cotsdl_child=$!
+    # Poll rather than block in `wait`: a trapped signal cuts a blocking wait short,
+    # and bash (5.2) then sometimes loses the child's exit status (the next wait
+    # returns -1).  A signal that arrives during the short foreground sleep is
+    # handled when it ends; the shell reaps the launcher when it exits, and the
+    # one wait below, which no longer blocks, collects its status.
+    while kill -0 "$_cotsdl_child" 2>/dev/null; do
+        sleep "${COTSDL_POLL_SECONDS:-1}" || true
+    done
+    if wait "$_cotsdl_child"; then COTSDL_STATUS=0; else COTSDL_STATUS=$?; fi
+    _cotsdl_child=
+    cotsdl_log "the launcher exited with status $COTSDL_STATUS"
+}
+
+cotsdl_finish() {
+    local s=$COTSDL_STATUS
+    case $s in
+        0)
+            cotsdl_log "status 0: the run is complete"
+            exit 0 ;;
+        2)
+            cotsdl_log "status 2: bad command line, config or data; not requeued (fix it and submit again)"
+            exit 2 ;;
+        75)
+            if [ -n "$COTSDL_NO_REQUEUE" ]; then
+                cotsdl_log "status 75: checkpointed; not requeued: $COTSDL_NO_REQUEUE"
+                exit 75
+            fi
+            cotsdl_log "status 75: checkpointed on a signal; requeueing to resume from the checkpoint"
+            if "$1"; then
+                exit 0
+            fi
+            cotsdl_log "could not requeue: submit the same job again to resume from the checkpoint"
+            exit 75 ;;
+        *)
+            if [ "$s" -gt 128 ]; then
+                cotsdl_log "status $s (signal $((s - 128))): stopped without a checkpoint of this" \
+                           "session (a second signal, a kill, or a launcher failure); not requeued;" \
+                           "the last complete checkpoint is intact"
+            else
+                cotsdl_log "status $s: training failed; not requeued (the last complete checkpoint is" \
+                           "intact; see the output above and the run folder's log.txt)"
+            fi
+            exit "$s" ;;
+    esac
+}
+
+cotsdl_duration_seconds() {
+    local v=${1//[[:space:]]/}
+    v=${v%%.*}
+    [[ $v =~ ^[0-9]+(:[0-9]+){0,3}$ ]] || return 1
+    local -a parts
+    IFS=: read -r -a parts <<< "$v"
+    local total=0 p
+    local -a mult=(1 60 3600 86400)
+    local n=${#parts[@]} i
+    for ((i = 0; i < n; i++)); do
+        p=${parts[n - 1 - i]}
+        total=$((total + 10#$p * mult[i]))
+    done
+    echo "$total"
+}
+
+cotsdl_pbs_walltime() {
+    local w=${PBS_WALLTIME:-} out line
+    if [ -z "$w" ] && [ -n "${PBS_JOBID:-}" ] && command -v qstat >/dev/null 2>&1; then
+        out=$(qstat -f "$PBS_JOBID" 2>/dev/null) || out=
+        while IFS= read -r line; do
+            if [[ $line =~ ^[[:space:]]*Resource_List\.walltime[[:space:]]*=[[:space:]]*(.*)$ ]]; then
+                w=${BASH_REMATCH[1]}
+                break
+            fi
+        done <<< "$out"
+    fi
+    [ -n "$w" ] || return 1
+    cotsdl_duration_seconds "$w"
+}
+
+cotsdl_signal_delay() {
+    local wall=$1 lead=$2 elapsed=$3
+    [ "$lead" -gt 0 ] || return 1
+    [ "$wall" -gt "$lead" ] || return 1
+    local d=$((wall - lead - elapsed))
+    [ "$d" -ge 0 ] || d=0
+    echo "$d"
+}
+
+cotsdl_start_timer() {
+    local delay=$1 lead=$2 self=$$
+    (
+        trap 'kill "$s" 2>/dev/null; exit 0' TERM
+        sleep "$delay" &
+        s=$!
+        wait "$s"
+        cotsdl_log "lead-time timer: ${lead} s before the walltime; requesting a checkpoint (SIGUSR1)"
+        kill -USR1 "$self" 2>/dev/null
+    ) &
+    _cotsdl_timer=$!
+}
+
+cotsdl_stop_timer() {
+    if [ -n "$_cotsdl_timer" ]; then
+        kill "$_cotsdl_timer" 2>/dev/null || true
+        wait "$_cotsdl_timer" 2>/dev/null || true
+        _cotsdl_timer=
+    fi
+}
