@@ -16,6 +16,9 @@ if [ "$(cat "$_stamp" 2>/dev/null)" != "$_want" ]; then
     echo "[cotsdl] installing cotsdl${_extras:+[$_extras]} into $_venv" >&2
     "$_venv/bin/python" -m pip install --quiet --upgrade pip >&2 &&
     "$_venv/bin/python" -m pip install --quiet -e "$_root${_extras:+[$_extras]}" >&2 &&
+    # Without the mpich extra (a cluster), a MPICH wheel left from an earlier install
+    # would shadow the site MPI: remove it.
+    { case ",$_extras," in *,mpich,*) ;; *) "$_venv/bin/python" -m pip uninstall --quiet -y mpich >&2 2>/dev/null || true ;; esac; } &&
     echo "$_want" > "$_stamp" || { echo "[cotsdl] installation failed" >&2; return 1 2>/dev/null || exit 1; }
 fi
 # shellcheck disable=SC1091

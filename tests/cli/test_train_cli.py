@@ -136,9 +136,11 @@ def test_a_second_signal_exits_at_once():
     code = textwrap.dedent("""
         import os, signal, time
         from cotsdl.cli.signals import PreemptionGuard
-        g = PreemptionGuard()
+        g = PreemptionGuard(grace=0.5)
         os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGTERM)  # within the grace time: the same request (srun + scheduler)
         assert g.requested() and g.name == "SIGUSR1"
+        time.sleep(0.6)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(30)
     """)
