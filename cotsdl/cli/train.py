@@ -188,6 +188,15 @@ def _trim_metrics(path: Path, step: int) -> None:
 
 
 def run(args) -> int:
+    """Run a parsed ``train`` command on every rank; returns the exit status (the same on every rank)."""
+    guard = PreemptionGuard()  # from the start: a signal during setup stops at the first step, checkpointed
+    try:
+        return _run(args, guard)
+    finally:
+        guard.restore()
+
+
+def _run(args, guard: PreemptionGuard) -> int:
     from mpi4py import MPI  # noqa: PLC0415
 
     from ..array.collective import raise_collectively  # noqa: PLC0415
@@ -262,7 +271,6 @@ def run(args) -> int:
     optimizer = make_optimizer(tc["optimizer"], tc["schedule"])
     import numpy as np  # noqa: PLC0415
 
-    guard = PreemptionGuard()
     common = dict(checkpoint_every=tc["checkpoint_every"], keep=tc["keep"], log_every=tc["log_every"],
                   metrics_file=str(folder / "metrics.jsonl"), max_bad_steps=tc["max_bad_steps"], log=log,
                   should_stop=guard.requested)
@@ -292,7 +300,6 @@ def run(args) -> int:
             f"checkpoint {e.checkpoint}. Exit {EXIT_REQUEUE}: re-run the same command to resume.")
         return EXIT_REQUEUE
     finally:
-        guard.restore()
         data.close()
     wall = time.perf_counter() - t_start
     if root:
