@@ -236,6 +236,9 @@ def validate(data: dict[str, Any], source: str = "config") -> dict[str, Any]:
     tr, nstages = cfg["train"], len(cfg["network"]["stages"])
     if (tr["steps"] is None) == (tr["epochs"] is None):
         raise ConfigError(f"{source}: give exactly one of train.steps and train.epochs (per stage)")
+    opt = tr["optimizer"]
+    if opt["kind"] == "sgd" and opt["nesterov"] and not opt["momentum"]:
+        ck.fail("train.optimizer.nesterov", True, "needs train.optimizer.momentum > 0")
     for name in ("steps", "epochs"):
         v = tr[name]
         if isinstance(v, list) and len(v) != nstages:
@@ -303,13 +306,16 @@ def load(path: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
 
 
 # -- writing TOML (resolved configs only: tables, arrays of tables, plain values) ------
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
 def dumps_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
         return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, str):  # a TOML basic string: backslash, quote and control characters escaped
+        return '"' + "".join(_ESCAPES.get(c) or (f"\\u{ord(c):04x}" if ord(c) < 32 or ord(c) == 127 else c)
+                             for c in v) + '"'
     if isinstance(v, list):
         return "[" + ", ".join(dumps_value(x) for x in v) + "]"
     raise TypeError(f"cannot write {v!r} as a TOML value")

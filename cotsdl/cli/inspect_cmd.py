@@ -24,7 +24,13 @@ def _scan(path: str) -> tuple[list[str], list[int]]:
     with h5py.File(path, "r") as f:
         d = f["images"]
         for i in range(0, d.shape[0], 256):
-            x = d[i:i + 256]
+            try:
+                x = d[i:i + 256]
+            except OSError as e:
+                from ..io.dataset import DatasetError  # noqa: PLC0415
+
+                raise DatasetError(f"dataset {path}: cannot read images {i}..{min(i + 256, d.shape[0]) - 1} "
+                                   f"(truncated or corrupt?): {e}") from None
             flat = x.reshape(len(x), -1)
             fin = np.isfinite(flat).all(axis=1) if x.dtype.kind == "f" else np.ones(len(x), bool)
             bad += [i + int(j) for j in np.flatnonzero(~fin)]

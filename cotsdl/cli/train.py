@@ -126,9 +126,12 @@ def _inspect_run(folder: Path, cfg: dict[str, Any], network_desc: dict[str, Any]
         meta = checkpoint.read_index(latest)["meta"]
     except (OSError, ValueError, KeyError) as e:
         return f"cannot read {latest / 'index.json'}: {e}", None
-    diff = _diff(meta["network"], network_desc, "network")
+    # what defines the model cannot change within a run (lam, the optimizer's settings, steps can)
+    saved = {"network": meta["network"], "train": {"tied": meta["tied"], "dtype": meta["dtype"]}}
+    given = {"network": network_desc, "train": {"tied": cfg["train"]["tied"], "dtype": cfg["train"]["dtype"]}}
+    diff = _diff(saved, given)
     if diff:
-        return (f"the config's network differs from the one trained in {folder} (checkpoint {latest.name}):\n  "
+        return (f"the config's model differs from the one trained in {folder} (checkpoint {latest.name}):\n  "
                 + "\n  ".join(diff) + "\nuse a new run.folder, or undo the change to resume"), None
     meta["_path"] = str(latest)
     return None, meta
@@ -147,7 +150,8 @@ def _summary(folder: Path, nstages: int, wall: float, history: list[dict]) -> di
         with open(folder / "metrics.jsonl") as f:
             recs = [json.loads(line) for line in f if line.strip()]
     except (OSError, ValueError):
-        recs = history
+        recs = []
+    recs = recs or history  # train.log_every = 0 logs nothing
     stages = []
     for k in range(nstages):  # first: the stage's first step; last: the mean over the last logged window
         rs = [r for r in recs if r.get("stage") == k]
@@ -203,7 +207,6 @@ def _run(args, guard: PreemptionGuard) -> int:
     from ..io.dataset import check_for_network  # noqa: PLC0415
     from ..io.reader import HDF5Source  # noqa: PLC0415
     from ..nn.network import Network  # noqa: PLC0415
-    from ..train import GreedyTrainer, TrainingInterrupted  # noqa: PLC0415
 
     comm = MPI.COMM_WORLD  # the program's world; the library takes it as an argument
     root = comm.Get_rank() == 0
@@ -217,10 +220,18 @@ def _run(args, guard: PreemptionGuard) -> int:
     cfg, err = comm.bcast((cfg, err))
     _agreed(err)
     source = args.config
+    dc, tc, pc = cfg["data"], cfg["train"], cfg["parallel"]
+    # Everything the config alone decides is checked before any file is touched (the
+    # same config on every rank gives the same verdict).
     try:
         network = Network.from_description(cfg["network"])
-    except ValueError as e:  # the same config on every rank: the same error
+    except ValueError as e:
         _agreed(f"{source}: network: {e}")
+    try:
+        optimizer = make_optimizer(tc["optimizer"], tc["schedule"])
+    except ValueError as e:
+        _agreed(f"{source}: train.optimizer / train.schedule: {e}")
+    _agreed(_layout_error(pc, comm.Get_size(), source))
     backend_name = _setup_backend(cfg, comm)
     folder = Path(cfg["run"]["folder"])
     ckdir = folder / "checkpoints"
@@ -230,7 +241,6 @@ def _run(args, guard: PreemptionGuard) -> int:
     meta, err = comm.bcast((meta, err))
     _agreed(err)
 
-    dc, tc, pc = cfg["data"], cfg["train"], cfg["parallel"]
     global_batch = dc["batch"] * pc["replicas"]
     data, err = None, None
     try:
@@ -242,20 +252,48 @@ def _run(args, guard: PreemptionGuard) -> int:
     except (ValueError, OSError) as e:
         err = f"data.file: {e}"
     raise_collectively(comm, err)
+    try:
+        return _train(cfg, source, network, optimizer, data, meta, backend_name, guard, comm, t_start)
+    finally:
+        data.close()
+
+
+def _layout_error(pc: dict[str, Any], ranks: int, source: str) -> str | None:
+    replicas, grid = pc["replicas"], pc["grid"]
+    if ranks % replicas:
+        return f"{source}: parallel.replicas = {replicas} does not divide the {ranks} rank(s) of this run"
+    if grid != "auto" and grid[0] * grid[1] * replicas != ranks:
+        return (f"{source}: parallel.grid = {grid} with parallel.replicas = {replicas} needs "
+                f"{grid[0] * grid[1] * replicas} rank(s), this run has {ranks}")
+    return None
+
+
+def _train(cfg, source, network, optimizer, data, meta, backend_name, guard, comm, t_start) -> int:
+    from mpi4py import MPI  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    from ..array.collective import raise_collectively  # noqa: PLC0415
+    from ..train import GreedyTrainer, TrainingInterrupted  # noqa: PLC0415
+
+    root = comm.Get_rank() == 0
+    dc, tc, pc = cfg["data"], cfg["train"], cfg["parallel"]
+    folder = Path(cfg["run"]["folder"])
+    ckdir = folder / "checkpoints"
+    global_batch = dc["batch"] * pc["replicas"]
     if tc["steps"] is not None:
         steps = list(tc["steps"])
-    else:
-        steps = [int(math.ceil(e * len(data) / global_batch)) for e in tc["epochs"]]
+    else:  # a resumed run keeps counting steps of the batch it started with
+        gb = meta["batch"] * meta["replicas"] if meta else global_batch
+        steps = [int(math.ceil(e * len(data) / gb)) for e in tc["epochs"]]
     last = len(network.stages) - 1
     if meta is not None and meta["stage"] == last and meta["stage_step"] >= steps[last]:
         if root:
             print(f"run {folder} is already complete: {len(network.stages)} stage(s) trained, global step "
                   f"{meta['step']} (checkpoint {meta['_path']}). To train longer raise train.steps; to start over "
                   "use a new run.folder.", flush=True)
-        data.close()
         return 0
 
-    err = None
+    err, log, old = None, sys.stdout, None
     if root:
         try:
             ckdir.mkdir(parents=True, exist_ok=True)
@@ -263,14 +301,11 @@ def _run(args, guard: PreemptionGuard) -> int:
             _trim_metrics(folder / "metrics.jsonl", meta["step"] if meta else 0)
             header = f"resolved config of the run in {folder} (from {source}); written by cotsdl train"
             _write_atomic(folder / "config.toml", cfgmod.dumps(cfg, header))
+            log = _Tee(folder / "log.txt")
         except OSError as e:
             err = f"run.folder {folder}: cannot write: {e.strerror or e}"
     raise_collectively(comm, err)
-    log = _Tee(folder / "log.txt") if root else sys.stdout
     say = (lambda m: print(m, file=log, flush=True)) if root else (lambda m: None)
-    optimizer = make_optimizer(tc["optimizer"], tc["schedule"])
-    import numpy as np  # noqa: PLC0415
-
     common = dict(checkpoint_every=tc["checkpoint_every"], keep=tc["keep"], log_every=tc["log_every"],
                   metrics_file=str(folder / "metrics.jsonl"), max_bad_steps=tc["max_bad_steps"], log=log,
                   should_stop=guard.requested)
@@ -279,9 +314,13 @@ def _run(args, guard: PreemptionGuard) -> int:
         f"({len(data)} images {'x'.join(map(str, data.image_shape))}), global batch {global_batch}, "
         f"steps per stage {steps}, run folder {folder}")
     if root and meta is not None and old is not None:
-        changed = _diff(cfgmod.tomllib.loads(old), cfgmod.tomllib.loads(cfgmod.dumps(cfg)))
+        try:
+            changed = _diff(cfgmod.tomllib.loads(old), cfgmod.tomllib.loads(cfgmod.dumps(cfg)))
+        except cfgmod.tomllib.TOMLDecodeError:  # a hand-edited file: the note is not worth failing for
+            changed = ["(the previous config.toml is not valid TOML)"]
         if changed:
-            say("note: the config differs from the run's previous one (the network does not):\n  " + "\n  ".join(changed))
+            say("note: the config differs from the run's previous one (the network does not); the new values "
+                "apply from here on:\n  " + "\n  ".join(changed))
     try:
         if meta is None:
             tr = GreedyTrainer(network, data, optimizer, comm=comm, batch=dc["batch"], replicas=pc["replicas"],
@@ -290,6 +329,7 @@ def _run(args, guard: PreemptionGuard) -> int:
         else:
             tr = GreedyTrainer.resume(str(ckdir), data, optimizer, comm=comm, batch=dc["batch"],
                                       replicas=pc["replicas"], grid=grid, **common)
+            _apply_changes(tr, optimizer, tc["lam"])
         say(f"grid {tr.layout.grid.dims[0]}x{tr.layout.grid.dims[1]} x {tr.replicas} replica(s)")
         tr.train(steps)
     except TrainingInterrupted as e:
@@ -299,23 +339,41 @@ def _run(args, guard: PreemptionGuard) -> int:
         say(f"stopped by {signal.Signals(sig).name if sig else 'a signal'} at global step {e.step}; "
             f"checkpoint {e.checkpoint}. Exit {EXIT_REQUEUE}: re-run the same command to resume.")
         return EXIT_REQUEUE
-    finally:
-        data.close()
-    wall = time.perf_counter() - t_start
     if root:
-        summary = _summary(folder, len(network.stages), wall, tr.history)
-        summary.update({"run": str(folder), "config": str(folder / "config.toml"), "step": tr.step,
-                        "checkpoint": str(tr.latest_checkpoint()), "ranks": comm.Get_size(),
-                        "grid": list(tr.layout.grid.dims), "replicas": tr.replicas, "backend": backend_name})
-        _write_atomic(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
-        say(f"done: {len(network.stages)} stage(s) in {wall:.1f} s this session, global step {tr.step}")
-        for s in summary["stages"]:
-            if s["first_loss"] is not None:
-                say(f"  stage {s['stage']}: loss {s['first_loss']:.4g} -> {s['last_loss']:.4g} "
-                    f"(reconstruction {s['first_reconstruction']:.4g} -> {s['last_reconstruction']:.4g}), "
-                    f"{s['steps']} steps (first logged step -> mean of the last {s['last_mean_over_steps']})")
-        if summary["images_per_s_median"]:
-            say(f"  {summary['images_per_s_median']:.1f} images/s (median step)")
-        say(f"  run folder {folder}: config.toml, checkpoints/, metrics.jsonl, log.txt, summary.json")
+        _report(folder, network, tr, backend_name, comm.Get_size(), time.perf_counter() - t_start, say)
         log.close()
     return 0
+
+
+def _apply_changes(tr, optimizer, lam: float) -> None:
+    """A resumed run trains on with the config's lam and learning-rate schedule and
+    hyper-parameters (the optimizer's state, its step count and the kind come from the checkpoint)."""
+    from ..train.schedules import describe  # noqa: PLC0415
+
+    tr.lam = float(lam)
+    if tr.optimizer is not None and type(tr.optimizer) is type(optimizer):
+        if (describe(tr.optimizer.schedule), tr.optimizer.hyper()) != (describe(optimizer.schedule), optimizer.hyper()):
+            tr.optimizer.schedule = optimizer.schedule
+            for k, v in optimizer.hyper().items():
+                setattr(tr.optimizer, k, v)
+
+
+def _report(folder: Path, network, tr, backend_name: str, ranks: int, wall: float, say) -> None:
+    """summary.json and the closing lines (rank 0; a failed write is a warning, training is done)."""
+    summary = _summary(folder, len(network.stages), wall, tr.history)
+    summary.update({"run": str(folder), "config": str(folder / "config.toml"), "step": tr.step,
+                    "checkpoint": str(tr.latest_checkpoint()), "ranks": ranks,
+                    "grid": list(tr.layout.grid.dims), "replicas": tr.replicas, "backend": backend_name})
+    try:
+        _write_atomic(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
+    except OSError as e:
+        say(f"warning: cannot write {folder / 'summary.json'}: {e.strerror or e}")
+    say(f"done: {len(network.stages)} stage(s) in {wall:.1f} s this session, global step {tr.step}")
+    for s in summary["stages"]:
+        if s["first_loss"] is not None:
+            say(f"  stage {s['stage']}: loss {s['first_loss']:.4g} -> {s['last_loss']:.4g} "
+                f"(reconstruction {s['first_reconstruction']:.4g} -> {s['last_reconstruction']:.4g}), "
+                f"{s['steps']} steps (first logged step -> mean of the last {s['last_mean_over_steps']})")
+    if summary["images_per_s_median"]:
+        say(f"  {summary['images_per_s_median']:.1f} images/s (median step)")
+    say(f"  run folder {folder}: config.toml, checkpoints/, metrics.jsonl, log.txt, summary.json")

@@ -75,6 +75,8 @@ class DatasetWriter:
         if count < 1 or len(image_shape) not in (2, 3) or min(image_shape) < 1:
             raise DatasetError(f"{self.path}: need count >= 1 and an (H, W) or (H, W, C) image shape, "
                                f"got {count} and {tuple(image_shape)}")
+        if self.path.is_dir():
+            raise DatasetError(f"{self.path} is a folder: give a file name (e.g. {self.path / 'images.h5'})")
         folder = self.path.parent if str(self.path.parent) else Path(".")
         # missing folders are made (and removed again if the build fails)
         self._made = [p for p in [folder, *folder.parents] if not p.exists()]
@@ -128,12 +130,16 @@ class DatasetWriter:
         self._file.create_dataset("image_std", data=self._std)
         self._file.close()
         os.chmod(self._tmp, 0o644)
-        os.replace(self._tmp, self.path)
+        try:
+            os.replace(self._tmp, self.path)
+        except OSError as e:
+            raise DatasetError(f"{self.path}: cannot move the finished file into place: {e.strerror}") from None
         return self.path
 
     def abort(self) -> None:
         try:
-            self._file.close()
+            if self._file.id.valid:
+                self._file.close()
         finally:
             self._tmp.unlink(missing_ok=True)
             for p in self._made:  # deepest first
@@ -146,10 +152,14 @@ class DatasetWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
+        if exc_type is not None:
             self.abort()
+            return
+        try:
+            self.close()
+        except BaseException:
+            self.abort()
+            raise
 
 
 def write_dataset(path: str | os.PathLike, images: np.ndarray, labels: Sequence[int] | None = None,

@@ -30,10 +30,11 @@ class StreamOrder:
 
     def epoch(self, e: int) -> np.ndarray:
         """The permutation of epoch ``e``."""
-        if self._cached is None or self._cached[0] != e:
+        cached = self._cached  # one read: a prefetch thread may replace it meanwhile
+        if cached is None or cached[0] != e:
             p = np.random.default_rng([self.seed, e]).permutation(self.n) if self.shuffle else np.arange(self.n)
-            self._cached = (e, p)
-        return self._cached[1]
+            cached = self._cached = (e, p)
+        return cached[1]
 
     def indices(self, first: int, count: int) -> np.ndarray:
         """Image indices at stream positions [first, first + count)."""

@@ -72,6 +72,18 @@ def test_each_mistake_gets_its_message(override, message):
     assert str(e.value).startswith(str(DEMO)) or str(e.value).startswith("--set")
 
 
+def test_cross_key_checks():
+    with pytest.raises(config.ConfigError, match=r"train.optimizer.nesterov = true: needs train.optimizer.momentum > 0"):
+        config.load(DEMO, ['train.optimizer={kind = "sgd", nesterov = true}'])
+    assert config.load(DEMO, ['train.optimizer={kind = "sgd", nesterov = true, momentum = 0.5}'])
+
+
+def test_strings_with_control_characters_round_trip():
+    cfg = config.load(DEMO, ['run.folder="runs/a\\nb\\t\\u0001\\"q\\\\"'])
+    assert cfg["run"]["folder"] == 'runs/a\nb\t\x01"q\\'
+    assert config.validate(tomllib.loads(config.dumps(cfg))) == cfg
+
+
 def test_file_errors(tmp_path):
     with pytest.raises(config.ConfigError, match="config .*nope.toml: no such file"):
         config.load(tmp_path / "nope.toml")

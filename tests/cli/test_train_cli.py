@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from cotsdl.io.dataset import write_dataset
+from h5util import corrupt_chunk
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 SUBCOMMANDS = ["prepare-data", "inspect", "train", "evaluate", "plan", "bench", "check-kernels", "info"]
@@ -99,8 +100,50 @@ def test_train_resume_complete(setup):
     assert "resumed from" in longer.stdout and "train.steps: [5, 5] -> [5, 8]" in longer.stdout
     changed = cotsdl("train", str(cfg), "--set", "network.stages[1].filter.channels=4", "--set", "train.steps=[5, 9]")
     assert changed.returncode == 2
-    assert changed.stderr.count("the config's network differs") == 1
+    assert changed.stderr.count("the config's model differs") == 1
     assert "network.stages[1].filter.channels: 2 -> 4" in changed.stderr
+
+
+def saved_meta(run):
+    import json
+
+    latest = max((run / "checkpoints").glob("ckpt-*"))
+    return json.loads((latest / "index.json").read_text())["meta"]
+
+
+@pytest.mark.timeout(300)
+def test_resume_applies_new_settings_and_refuses_a_new_model(setup):
+    tmp, make = setup
+    cfg = make(steps=3, every=100)
+    assert cotsdl("train", str(cfg)).returncode == 0
+    tied = cotsdl("train", str(cfg), "--set", "train.tied=false", "--set", "train.steps=[3, 5]")
+    assert tied.returncode == 2 and tied.stderr.count("train.tied: true -> false") == 1
+    more = cotsdl("train", str(cfg), "--set", "train.steps=[3, 5]", "--set", "train.lam=0.3",
+                  "--set", "train.optimizer.lr=0.0005")
+    assert more.returncode == 0, more.stderr
+    assert "train.lam: 0.1 -> 0.3" in more.stdout and "train.optimizer.lr: 0.002 -> 0.0005" in more.stdout
+    meta = saved_meta(tmp / "run")
+    assert meta["lam"] == 0.3 and meta["optimizer"]["schedule"] == {"kind": "constant", "lr": 0.0005}
+
+
+@pytest.mark.timeout(300)
+def test_epochs_count_the_batch_the_run_started_with(setup):
+    tmp, make = setup
+    text = make().read_text().replace("steps = [6, 6]", "epochs = [0.5, 0.5]")
+    (tmp / "ep.toml").write_text(text)
+    first = cotsdl("train", str(tmp / "ep.toml"))
+    assert first.returncode == 0 and saved_meta(tmp / "run")["step"] == 10  # 20 of 40 images, batch 4
+    again = cotsdl("train", str(tmp / "ep.toml"), "--set", "data.batch=2")
+    assert again.returncode == 0 and "is already complete" in again.stdout
+
+
+def test_run_folder_problems_on_rank_0_alone(setup):
+    tmp, make = setup
+    (tmp / "run").mkdir()
+    (tmp / "run" / "config.toml").write_text("")
+    (tmp / "run" / "log.txt").mkdir()  # rank 0 cannot open its log
+    res = cotsdl("train", str(make()))
+    assert res.returncode == 2 and res.stderr.count("cannot write") == 1 and "Traceback" not in res.stderr
 
 
 @pytest.mark.timeout(300)
@@ -228,6 +271,11 @@ def test_inspect(setup):
     nan = subprocess.run([sys.executable, "-m", "cotsdl", "inspect", str(_nan_file(tmp / "n.h5")), "--scan"],
                          capture_output=True, text=True, timeout=60)
     assert nan.returncode == 2 and "3 image(s) with NaN or Inf values" in nan.stdout
+    write_dataset(tmp / "gz.h5", np.zeros((300, 12, 12), np.uint8), compression="gzip")
+    corrupt_chunk(tmp / "gz.h5", 260)
+    bad = subprocess.run([sys.executable, "-m", "cotsdl", "inspect", str(tmp / "gz.h5"), "--scan"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "gz.h5: cannot read images 256..299" in bad.stderr and "Traceback" not in bad.stderr
     missing = subprocess.run([sys.executable, "-m", "cotsdl", "inspect", str(tmp / "zz.h5")], capture_output=True,
                              text=True, timeout=60)
     assert missing.returncode == 2 and "zz.h5: no such file" in missing.stderr and "Traceback" not in missing.stderr

@@ -6,6 +6,7 @@ import pytest
 from cotsdl.array.box import Box
 from cotsdl.io.dataset import DatasetError, DatasetWriter, check_for_network, inspect, write_dataset
 from cotsdl.io.reader import HDF5Source
+from h5util import corrupt_chunk
 
 
 def images(kind, n=23, shape=(9, 7, 2), seed=0):
@@ -181,3 +182,20 @@ def test_check_for_network(tmp_path):
     write_raw(tmp_path / "nostats.h5", images=images("uint8", n=5))
     (msg,) = check_for_network(inspect(tmp_path / "nostats.h5"), (9, 7, 2), 1, needs_stats=True)
     assert "cotsdl prepare-data stats" in msg
+
+
+def test_writer_refuses_a_folder_as_output(tmp_path):
+    (tmp_path / "out").mkdir()
+    with pytest.raises(DatasetError, match="out is a folder: give a file name"):
+        write_dataset(tmp_path / "out", images("uint8", n=2))
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and not any((tmp_path / "out").iterdir())
+
+
+def test_corrupt_chunks_are_named(tmp_path):
+    write_dataset(tmp_path / "c.h5", images("uint8", n=12), compression="gzip")
+    corrupt_chunk(tmp_path / "c.h5", 5)
+    src = HDF5Source(tmp_path / "c.h5", shuffle=False, prefetch=False)
+    src.read(0, 4, window((0, 0, 0), (9, 7, 2)))  # other images read fine
+    with pytest.raises(DatasetError, match=r"c\.h5: cannot read images 4\.\.7 \(truncated or corrupt\?\)"):
+        src.read(4, 4, window((0, 0, 0), (9, 7, 2)))
+    src.close()
