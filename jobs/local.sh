@@ -42,6 +42,9 @@ mpiexec -n "$ranks" python -m mpi4py -m cotsdl train "$config" "${extra[@]}" || 
 if [ "$status" = 75 ]; then
     echo "[cotsdl] interrupted after a checkpoint: run 'bash jobs/local.sh' again to resume"
 elif [ "$status" = 0 ]; then
+    if [ "$(stat -c %Y "$run/summary.json" 2>/dev/null || echo 0)" -lt "$t0" ]; then  # nothing trained now
+        echo "[cotsdl] (bash jobs/local.sh --fresh trains it again from the start)"
+    fi
     echo "[cotsdl] job finished in $(( $(date +%s) - t0 )) s"
     echo "[cotsdl] datasets: data/demo/natural.h5 (training), data/demo/faces.h5 (labeled, for evaluation)"
     echo "[cotsdl] run folder: $run (config.toml, checkpoints/, metrics.jsonl, log.txt, summary.json)"

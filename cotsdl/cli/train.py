@@ -291,6 +291,11 @@ def _train(cfg, source, network, optimizer, data, meta, backend_name, guard, com
             print(f"run {folder} is already complete: {len(network.stages)} stage(s) trained, global step "
                   f"{meta['step']} (checkpoint {meta['_path']}). To train longer raise train.steps; to start over "
                   "use a new run.folder.", flush=True)
+            try:
+                for line in _stage_lines(json.loads((folder / "summary.json").read_text())):
+                    print(line, flush=True)
+            except (OSError, ValueError, KeyError):
+                pass  # the summary is a courtesy: the checkpoint says the run is complete
         return 0
 
     err, log, old = None, sys.stdout, None
@@ -369,11 +374,15 @@ def _report(folder: Path, network, tr, backend_name: str, ranks: int, wall: floa
     except OSError as e:
         say(f"warning: cannot write {folder / 'summary.json'}: {e.strerror or e}")
     say(f"done: {len(network.stages)} stage(s) in {wall:.1f} s this session, global step {tr.step}")
-    for s in summary["stages"]:
-        if s["first_loss"] is not None:
-            say(f"  stage {s['stage']}: loss {s['first_loss']:.4g} -> {s['last_loss']:.4g} "
-                f"(reconstruction {s['first_reconstruction']:.4g} -> {s['last_reconstruction']:.4g}), "
-                f"{s['steps']} steps (first logged step -> mean of the last {s['last_mean_over_steps']})")
-    if summary["images_per_s_median"]:
-        say(f"  {summary['images_per_s_median']:.1f} images/s (median step)")
+    for line in _stage_lines(summary):
+        say(line)
     say(f"  run folder {folder}: config.toml, checkpoints/, metrics.jsonl, log.txt, summary.json")
+
+
+def _stage_lines(summary: dict[str, Any]) -> list[str]:
+    out = [f"  stage {s['stage']}: loss {s['first_loss']:.4g} -> {s['last_loss']:.4g} (reconstruction "
+           f"{s['first_reconstruction']:.4g} -> {s['last_reconstruction']:.4g}), {s['steps']} steps (first logged "
+           f"step -> mean of the last {s['last_mean_over_steps']})" for s in summary["stages"] if s["first_loss"] is not None]
+    if summary.get("images_per_s_median"):
+        out.append(f"  {summary['images_per_s_median']:.1f} images/s (median step of the last session)")
+    return out
