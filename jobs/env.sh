@@ -1,11 +1,11 @@
 # Source me: make sure the project's virtual environment exists and is current,
 # then activate it.  Creates .venv with `python3 -m venv` and installs
-# `.[mpich,test,data]` (editable) on first use and whenever setup.cfg changes.
+# `.[mpich,test,data,viz]` (editable) on first use and whenever setup.cfg changes.
 # COTSDL_VENV overrides the location; COTSDL_EXTRAS the extras (a cluster job
 # sets COTSDL_EXTRAS=cuda12 or "" to keep the site MPI, see README.md).
 _root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 _venv=${COTSDL_VENV:-$_root/.venv}
-_extras=${COTSDL_EXTRAS-mpich,test,data}
+_extras=${COTSDL_EXTRAS-mpich,test,data,viz}
 _stamp="$_venv/.cotsdl-installed"
 _want="$(cat "$_root/setup.cfg" "$_root/pyproject.toml" | sha256sum | cut -c1-16) $_extras"
 if [ ! -x "$_venv/bin/python" ]; then

@@ -12,7 +12,7 @@ import sys
 
 def _parser() -> argparse.ArgumentParser:
     from .. import __version__  # noqa: PLC0415
-    from . import inspect_cmd, prepare, train  # noqa: PLC0415
+    from . import evaluate, inspect_cmd, prepare, train  # noqa: PLC0415
 
     p = argparse.ArgumentParser(prog="cotsdl", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"cotsdl {__version__}")
@@ -20,8 +20,8 @@ def _parser() -> argparse.ArgumentParser:
     prepare.add_parser(sub)
     inspect_cmd.add_parser(sub)
     train.add_parser(sub)
-    for name, issue, what in (("evaluate", "evaluation", "the face-selectivity experiment with controls and figures"),
-                              ("plan", "performance", "per-rank memory, FLOPs, halo bytes and predicted step time")):
+    evaluate.add_parser(sub)
+    for name, issue, what in (("plan", "performance", "per-rank memory, FLOPs, halo bytes and predicted step time"),):
         sp = sub.add_parser(name, help=f"{what} (not implemented yet)",
                             description=f"cotsdl {name}: {what}. Not implemented in this version (it comes with "
                                         f"the {issue} work); it exits with status 2.")
@@ -129,8 +129,12 @@ def _bench_emulator(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if args.command in ("evaluate", "plan"):
+        if args.command == "plan":
             raise ValueError(f"'cotsdl {args.command}' is not implemented in this version")
+        if args.command == "evaluate":
+            from . import evaluate  # noqa: PLC0415
+
+            return _agreed_exit(evaluate.run(args))
         if args.command == "prepare-data":
             from . import prepare  # noqa: PLC0415
 

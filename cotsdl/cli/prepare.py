@@ -68,6 +68,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     n.add_argument("--no-flip", dest="flip", action="store_false", help="no random horizontal flips")
     n.add_argument("--mix-faces", type=_non_negative, default=0, metavar="K",
                    help="mix this many LFW faces of the mixable part into the images (default 0)")
+    n.add_argument("--no-faces", action="store_true",
+                   help="leave out every face (the photographs that show one): the no-face control's training set")
     face_split_options(n)
     f = builder("faces", "labeled evaluation set: held-out LFW faces (1) vs non-faces and held-out photo crops (0)")
     face_split_options(f)
@@ -101,7 +103,7 @@ def _build(args) -> str:
     if args.builder == "natural":
         builders.natural(args.out, args.count, seed=args.seed, scale=args.scale, flip=args.flip,
                          mix_faces=args.mix_faces, face_split_seed=args.face_split_seed, mixable=args.mixable,
-                         mode=args.mode, **common)
+                         mode=args.mode, no_faces=args.no_faces, **common)
     elif args.builder == "faces":
         builders.faces(args.out, seed=args.seed, face_split_seed=args.face_split_seed, mixable=args.mixable,
                        distractor_crops=args.distractor_crops, mode=args.mode, **common)

@@ -37,6 +37,8 @@ TRAIN_PHOTOS = ("astronaut", "camera", "coffee", "chelsea", "rocket", "grass", "
                 "clock", "immunohistochemistry", "retina", "colorwheel")
 #: Photographs only :func:`faces` uses (distractors); never in training data. Not
 #: ``cat``: scikit-image's ``cat()`` is the same picture as ``chelsea()``.
+#: Training photographs that show a face (the astronaut's, the cameraman's): left out by ``no_faces``.
+FACE_PHOTOS = ("astronaut", "camera")
 HELD_OUT_PHOTOS = ("hubble_deep_field", "text", "page", "microaneurysms", "cell", "stereo_motorcycle")
 LFW_FACES = 100  # lfw_subset(): images 0..99 are faces, 100..199 non-faces
 MODES = ("crop", "resize")
@@ -253,7 +255,7 @@ def lfw_images(indices: Sequence[int], size: Sequence[int], channels: int = 1, m
 
 def natural(path: str | os.PathLike, count: int, size: Sequence[int], channels: int = 1, seed: int = 0,
             scale: Sequence[float] = DEFAULT_SCALE, flip: bool = True, mix_faces: int = 0, face_split_seed: int = 0,
-            mixable: int = 50, mode: str = "crop", compression: str | None = None) -> Path:
+            mixable: int = 50, mode: str = "crop", compression: str | None = None, no_faces: bool = False) -> Path:
     """Unlabeled random crops of :data:`TRAIN_PHOTOS`, uint8.
 
     Parameters
@@ -280,8 +282,12 @@ def natural(path: str | os.PathLike, count: int, size: Sequence[int], channels: 
     mode : "crop" or "resize"
         How the square LFW faces are fit to a non-square ``size``.
     compression : None, "gzip" or "lzf"
+    no_faces : bool
+        Leave out every face: the photographs of :data:`FACE_PHOTOS` (and ``mix_faces``
+        must be 0) -- the training set of the evaluation's no-face control.
     """
     size = _check_common(count, size, channels, mode)
+    _check(not (no_faces and mix_faces), f"no_faces excludes mix_faces, got mix_faces={mix_faces}")
     scale = tuple(float(v) for v in scale)
     _check(len(scale) == 2 and 0 < scale[0] <= scale[1] <= 1, f"scale must be 0 < lo <= hi <= 1, got {scale}")
     _check(int(mix_faces) == mix_faces and 0 <= mix_faces <= count,
@@ -297,11 +303,12 @@ def natural(path: str | os.PathLike, count: int, size: Sequence[int], channels: 
         which = np.concatenate([frng.permutation(len(mix_idx)) for _ in range(reps)])[:int(mix_faces)]
         face_at = {int(p): int(k) for p, k in zip(positions, which)}
         face_imgs = lfw_images(mix_idx, size, channels, mode)
-    photos = [_photo(name, channels) for name in TRAIN_PHOTOS]
+    names = [n for n in TRAIN_PHOTOS if not (no_faces and n in FACE_PHOTOS)]
+    photos = [_photo(name, channels) for name in names]
     params = {"count": int(count), "size": list(size), "channels": channels, "scale": list(scale), "flip": bool(flip),
               "mix_faces": int(mix_faces), "face_split_seed": int(face_split_seed), "mixable": int(mixable),
-              "mode": mode}
-    recipe = _recipe("natural", seed, params, sources=list(TRAIN_PHOTOS),
+              "mode": mode, "no_faces": bool(no_faces)}
+    recipe = _recipe("natural", seed, params, sources=names,
                      face_split={"mixable": mix_idx.tolist(), "held_out": held_idx.tolist()} if mix_faces else None)
     crops = _crops(np.random.default_rng(seed), photos, int(count), size, scale, flip, skip=face_at)
     images = (face_imgs[face_at[i]] if img is None else img for i, img in enumerate(crops))

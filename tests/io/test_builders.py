@@ -292,3 +292,12 @@ def test_resize_converts_size_and_channels_and_keeps_labels(tmp_path, skimage):
     with pytest.raises(DatasetError, match="nope.h5: no such file"):
         builders.resize(tmp_path / "x.h5", tmp_path / "nope.h5", (4, 4))
     assert not (tmp_path / "x.h5").exists()
+
+
+def test_natural_without_faces(tmp_path, skimage):
+    builders.natural(tmp_path / "nf.h5", 20, SIZE, seed=3, no_faces=True)
+    _, _, recipe, _, _ = read(tmp_path / "nf.h5")
+    assert recipe["params"]["no_faces"] and not set(builders.FACE_PHOTOS) & set(recipe["sources"])
+    assert set(recipe["sources"]) == set(builders.TRAIN_PHOTOS) - set(builders.FACE_PHOTOS)
+    with pytest.raises(ValueError, match="no_faces excludes mix_faces"):
+        builders.natural(tmp_path / "x.h5", 20, SIZE, mix_faces=2, no_faces=True)

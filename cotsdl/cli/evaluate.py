@@ -1,0 +1,215 @@
+"""``cotsdl evaluate RUN``: the face-selectivity experiment on a trained run, with controls,
+figures and a report in the run folder."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import config as cfgmod
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "evaluate", help="score every neuron of a trained run as a face detector, with controls, figures and a report",
+        description="Push every labeled image through the trained network (distributed; run under mpiexec on any "
+                    "number of ranks, or on 1), score every neuron of every layer as a face-vs-distractor threshold "
+                    "classifier chosen on a selection half and measured on a held-out half over K splits, score the "
+                    "controls the same way, and write report.json, report.md and figures into the run folder.")
+    p.add_argument("run", metavar="RUN", help="a run folder written by cotsdl train")
+    p.add_argument("--dataset", help="labeled HDF5 set (default: faces.h5 beside the run's data.file)")
+    p.add_argument("--control-run", metavar="RUN2", help="the same architecture trained without faces: a control")
+    p.add_argument("--splits", type=int, default=20, help="random selection/test splits (default 20)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the splits and of the stimulus (default 0)")
+    p.add_argument("--stimulus-steps", type=int, default=100, help="gradient-ascent steps (default 100)")
+    p.add_argument("--figures", metavar="DIR", help="where the PNGs go (default: RUN/figures)")
+    p.add_argument("--json", metavar="FILE", help="also write report.json here")
+    p.add_argument("--no-figures", action="store_true", help="numbers only")
+
+
+def _load_run(run: Path) -> tuple[dict[str, Any], Path, dict[str, Any]]:
+    """(resolved config, latest checkpoint, its metadata) of a run folder, or ValueError."""
+    from ..io import checkpoint  # noqa: PLC0415
+
+    if not (run / "config.toml").is_file():
+        raise ValueError(f"{run} is not a run folder of cotsdl train (no config.toml)")
+    cfg = cfgmod.load(run / "config.toml")
+    ckpt = checkpoint.latest(run / "checkpoints")
+    if ckpt is None:
+        raise ValueError(f"{run} has no complete checkpoint yet: train it first (cotsdl train CONFIG)")
+    return cfg, ckpt, checkpoint.read_index(ckpt)["meta"]
+
+
+def _check_args(args) -> str | None:
+    if args.splits < 1 or args.stimulus_steps < 0:
+        return f"need --splits >= 1 and --stimulus-steps >= 0, got {args.splits} and {args.stimulus_steps}"
+    from ..bench.common import check_output_path  # noqa: PLC0415
+
+    return check_output_path(args.json)
+
+
+def run(args) -> int:
+    from mpi4py import MPI  # noqa: PLC0415
+
+    from ..array.collective import agreed, raise_collectively  # noqa: PLC0415
+    from ..array.grid import ProcessGrid  # noqa: PLC0415
+    from ..evaluate import experiment, responses  # noqa: PLC0415
+    from ..io.dataset import check_for_network  # noqa: PLC0415
+    from ..io.reader import HDF5Source  # noqa: PLC0415
+    from ..nn.network import Network  # noqa: PLC0415
+    from ..nn.plan import NetworkPlan  # noqa: PLC0415
+    from .train import _setup_backend  # noqa: PLC0415
+
+    comm = MPI.COMM_WORLD
+    root = comm.Get_rank() == 0
+    say = (lambda m: print(m, flush=True)) if root else (lambda m: None)
+    t0 = time.perf_counter()
+    loaded, err = None, _check_args(args)
+    if root and err is None:  # one reading of the files, broadcast
+        try:
+            run_dir = Path(args.run)
+            cfg, ckpt, meta = _load_run(run_dir)
+            control = _load_run(Path(args.control_run)) if args.control_run else None
+            dataset = Path(args.dataset) if args.dataset else Path(cfg["data"]["file"]).parent / "faces.h5"
+            if not args.dataset and not dataset.exists():
+                raise ValueError(f"no labeled set given and {dataset} does not exist: pass --dataset FILE "
+                                 "(e.g. from cotsdl prepare-data faces FILE --size H W)")
+            loaded = (cfg, str(ckpt), meta, control and (control[0], str(control[1]), control[2]), str(dataset))
+        except (ValueError, OSError) as e:
+            err = str(e)
+    loaded, err = comm.bcast((loaded, err))
+    if err:
+        raise agreed(ValueError(err))
+    cfg, ckpt, meta, control, dataset = loaded
+    network = Network.from_description(meta["network"])
+    if control is not None and Network.from_description(control[2]["network"]).input_shape != network.input_shape:
+        raise agreed(ValueError(f"--control-run {args.control_run}: its network takes "
+                                f"{control[2]['network']['input']}, the run's takes {list(network.input_shape)}"))
+    backend_name = _setup_backend(cfg, comm)
+    dc = cfg["data"]
+    err, source = None, None
+    try:
+        source = HDF5Source(dataset, shuffle=False, preprocess=dc["preprocess"], std_floor=dc["std_floor"],
+                            prefetch=False)
+        problems = check_for_network(source.info, network.input_shape)
+        if source.info.labels is None:
+            problems.append("no 'labels' (1 = face, 0 = distractor): make one with cotsdl prepare-data faces")
+        if problems:
+            err = f"--dataset {dataset}: " + "; ".join(problems)
+    except (ValueError, OSError) as e:
+        err = f"--dataset: {e}"
+    raise_collectively(comm, err)
+    try:
+        grid = ProcessGrid(comm, None, network.input_shape[:2])
+        plan = NetworkPlan(network, grid, min(dc["batch"], len(source)), meta["dtype"])
+        subject = experiment.Subject("network", f"the trained network (checkpoint {Path(ckpt).name})", plan,
+                                     responses.load_params(plan, ckpt, comm))
+        controls = [experiment.Subject("random_weights", "the same network with its initial random weights", plan,
+                                       plan.init_params(meta["seed"]))]
+        if control is not None:
+            cnet = Network.from_description(control[2]["network"])
+            cplan = plan if cnet.describe() == network.describe() else NetworkPlan(cnet, grid, plan.batch, meta["dtype"])
+            controls.append(experiment.Subject("no_faces", f"the architecture trained without faces "
+                                               f"({args.control_run})", cplan, responses.load_params(cplan, control[1], comm)))
+        say(f"cotsdl evaluate {args.run}: {comm.Get_size()} rank(s), grid {grid.dims[0]}x{grid.dims[1]}, backend "
+            f"{backend_name}, dataset {dataset} ({len(source)} images)")
+        report, figs = experiment.run(subject, controls, source, k=args.splits, seed=args.seed,
+                                      stimulus_steps=args.stimulus_steps, say=say)
+    finally:
+        source.close()
+    if root:
+        report.update(_context(args, cfg, meta, ckpt, dataset, grid, comm.Get_size(), backend_name, network,
+                               control, time.perf_counter() - t0))
+        report["verdict"] = {"selective": report["selective"], "sentence": _sentence(report)}
+        _write(args, Path(args.run), report, figs, say)
+    return 0
+
+
+def _sentence(report: dict[str, Any]) -> str:
+    net = next(r for r in report["rows"] if r["name"] == "network")
+    b = report["best"]
+    where = f"layer {b['layer']} ({b['kind']} of stage {b['stage'] + 1}), unit {tuple(b['position'])}"
+    vs = "; ".join(f"{r['name']} {r['test_balanced_acc_mean']:.3f} ± {r['test_balanced_acc_std']:.3f}"
+                   for r in report["rows"] if r["name"] != "network")
+    head = (f"The best neuron reaches a held-out balanced accuracy of {net['test_balanced_acc_mean']:.3f} ± "
+            f"{net['test_balanced_acc_std']:.3f} over {report['scores']['network']['splits']} splits "
+            f"(in-sample {net['in_sample_balanced_acc']:.3f}; shown: {where}) against {vs}.")
+    if not report["must_beat"]:
+        return head + " No control that decides selectivity was run."
+    names = " and ".join({"random_weights": "the random-weight network", "no_faces": "the network trained without "
+                          "faces"}.get(m, m) for m in report["must_beat"])
+    if report["selective"]:
+        return head + f" It beats {names} by more than the split-to-split spread: the network has a face-selective neuron."
+    missing = "" if "no_faces" in report["must_beat"] else " (the no-face control was not run: --control-run)"
+    return (head + f" It does not beat {names} by more than the split-to-split spread{missing}: no neuron is "
+            "called face-selective.")
+
+
+def _context(args, cfg, meta, ckpt, dataset, grid, ranks, backend_name, network, control, seconds) -> dict[str, Any]:
+    import numpy as np  # noqa: PLC0415
+
+    from .. import __version__  # noqa: PLC0415
+    from ..io.dataset import inspect  # noqa: PLC0415
+
+    def recipe(path):
+        try:
+            return inspect(path).recipe
+        except ValueError as e:
+            return {"error": str(e)}
+    return {"network": network.describe(), "run": {"folder": str(args.run), "checkpoint": ckpt, "step": meta["step"],
+                                                  "ranks": ranks, "grid": list(grid.dims), "backend": backend_name,
+                                                  "control_run": args.control_run, "seconds": seconds},
+            "data": {"training": {"file": cfg["data"]["file"], "recipe": recipe(cfg["data"]["file"])},
+                     "evaluation": {"file": dataset, "recipe": recipe(dataset)}},
+            "versions": {"cotsdl": __version__, "numpy": np.__version__, "python": sys.version.split()[0]}}
+
+
+def _write(args, run: Path, report: dict[str, Any], figs: dict[str, Any], say) -> None:
+    from ..bench.common import write_json  # noqa: PLC0415
+    from ..evaluate import report as writer  # noqa: PLC0415
+
+    paths = {} if args.no_figures else _figures(run, Path(args.figures) if args.figures else run / "figures",
+                                                report, figs)
+    report["figure_errors"] = {k: v for k, v in paths.items() if isinstance(v, str) and v.startswith("error: ")}
+    files = {k: (None if isinstance(v, str) and v.startswith("error: ") else v) for k, v in paths.items()}
+    json_path, md_path = writer.write_report(run, report, files)
+    if args.json:
+        write_json(args.json, json.loads(Path(json_path).read_text()))
+    say(report["verdict"]["sentence"])
+    say(f"report: {md_path} (numbers: {json_path})")
+
+
+def _figures(run: Path, folder: Path, report: dict[str, Any], figs: dict[str, Any]) -> dict[str, Any]:
+    """Draw every figure; one that fails is reported, not fatal (rank 0 only)."""
+    from ..evaluate import figures  # noqa: PLC0415
+
+    folder.mkdir(parents=True, exist_ok=True)
+    records = []
+    try:
+        with open(run / "metrics.jsonl") as f:
+            records = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        pass
+    b = report["best"]
+    what = f"layer {b['layer']} ({b['kind']}, stage {b['stage'] + 1}) unit {tuple(b['position'])}"
+    jobs = {
+        "filters": lambda p: figures.filters(figs["filters"], p),
+        "curves": lambda p: figures.training_curves(records, p),
+        "histograms": lambda p: figures.response_histograms(figs["faces"], figs["distractors"], figs["threshold"], p,
+                                                            f"best neuron ({what}) on held-out images"),
+        "top_bottom": lambda p: figures.top_bottom(
+            figs["top"], figs["bottom"], p, f"held-out images by the response of {what}",
+            [f"{r:.2f} {'face' if c else 'other'}" for r, c in zip(figs["top_r"], figs["top_y"])],
+            [f"{r:.2f} {'face' if c else 'other'}" for r, c in zip(figs["bottom_r"], figs["bottom_y"])]),
+        "stimulus": lambda p: figures.stimulus(figs["stimulus"], p, f"optimal stimulus of {what}", figs["mean_face"]),
+        "throughput": lambda p: figures.throughput(records, p),
+    }
+    out: dict[str, Any] = {}
+    for name, draw in jobs.items():
+        try:
+            out[name] = draw(folder / f"{name}.png")
+        except Exception as e:  # noqa: BLE001 - a figure is not worth losing the report for
+            out[name] = f"error: {type(e).__name__}: {e}"
+    return out
