@@ -50,7 +50,7 @@ def optimal_stimulus(plan: NetworkPlan, params: dict[int, np.ndarray], layer: in
     and the neuron's response at every step (it should increase)."""
     comm = plan.grid.comm
     box = plan.input_owned
-    full = np.random.default_rng(seed).standard_normal(plan.network.input_shape + (1,))
+    full = np.random.default_rng([seed, 0x5717]).standard_normal(plan.network.input_shape + (1,))  # its own stream
     x = full[box.slices_in(plan.input_array().global_box)]  # every rank draws the whole image: grid-independent
     x *= norm / _norm(comm, x)
     trace = []

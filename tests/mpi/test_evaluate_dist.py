@@ -1,0 +1,60 @@
+"""Evaluation over P ranks equals one rank: every neuron's responses, the honest scores, the stimulus."""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from cotsdl.array import ProcessGrid
+from cotsdl.evaluate import responses, scoring, stimulus
+from cotsdl.nn import Network, NetworkPlan
+from helpers import agree, grids
+
+NET = {"input": [11, 10, 1], "stages": [
+    {"filter": {"size": [3, 3], "stride": [1, 1], "channels": 3}, "pool": {"size": [2, 2], "stride": [1, 1], "eps": 0.1},
+     "lcn": {"size": 3, "sigma": 1.0, "eps": 0.01}},
+    {"filter": {"size": [2, 2], "stride": [1, 1], "channels": 2}, "pool": {"size": [2, 2], "stride": [2, 2], "eps": 0.1},
+     "lcn": {"size": 3, "sigma": 1.0, "eps": 0.01}}]}
+N = 30
+
+
+class Images:
+    """A non-shuffling source of fixed random images (what HDF5Source(shuffle=False) gives)."""
+
+    def __init__(self):
+        self.x = np.random.default_rng(5).standard_normal((11, 10, 1, N))
+        self.image_shape = (11, 10, 1)
+
+    def read(self, first, count, window):
+        idx = np.arange(first, first + count) % N
+        (r0, c0, k0), (r1, c1, k1) = window.lo[:3], window.hi[:3]
+        return self.x[r0:r1, c0:c1, k0:k1][..., idx]
+
+
+def evaluate(comm, dims):
+    net = Network.from_description(NET)
+    grid = ProcessGrid(comm, dims)
+    plan = NetworkPlan(net, grid, 8, np.float64)
+    params = plan.init_params(2)
+    R, ids = responses.collect(plan, params, Images(), N)
+    y = (np.arange(N) % 3 == 0).astype(np.int64)
+    scores = scoring.honest_scores(R, y, 5, 1, ids=ids, combine=responses.combine_best(comm))
+    full = np.empty((N, sum(i.size for i in responses.layer_infos(plan))))
+    for got_ids, block in comm.allgather((ids, R)):
+        full[:, got_ids] = block
+    one = NetworkPlan(net, grid, 1, np.float64)
+    img, trace = stimulus.optimal_stimulus(one, params, 4, (2, 1, 2), norm=3.0, steps=10)
+    grid.free()
+    return full, scores, img, trace
+
+
+@pytest.mark.parametrize("dims", grids())
+def test_evaluation_is_the_same_on_any_grid(comm, dims):
+    dist = evaluate(comm, dims)
+    ok = True
+    if comm.Get_rank() == 0:
+        serial = evaluate(MPI.COMM_SELF, (1, 1))
+        ok = np.allclose(dist[0], serial[0], rtol=1e-12, atol=1e-12)
+        ok = ok and dist[1]["neurons"] == serial[1]["neurons"] and dist[1]["in_sample"] == serial[1]["in_sample"]
+        ok = ok and np.allclose(dist[1]["test_balanced_acc"], serial[1]["test_balanced_acc"])
+        ok = ok and np.allclose(dist[2], serial[2], rtol=1e-9, atol=1e-12)
+        ok = ok and np.allclose(dist[3], serial[3], rtol=1e-9)
+    assert agree(comm, ok)
