@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..array.box import Box
+from ..array.collective import raise_collectively
 from ..array.collect import gather
 from ..array.distarray import DistArray
 from ..nn.plan import NetworkPlan
@@ -83,7 +84,7 @@ def run(subject: Subject, controls: list[Subject], source: Any, *, k: int = 20, 
     combine = responses.combine_best(comm)
     infos = responses.layer_infos(subject.plan)
     t0 = time.perf_counter()
-    R, ids = responses.collect(subject.plan, subject.params, source, n)
+    R, ids = _finite(comm, subject.name, *responses.collect(subject.plan, subject.params, source, n))
     say(f"responses of {sum(i.size for i in infos)} neurons in {len(infos)} layers to {n} images "
         f"({int(y.sum())} faces) in {time.perf_counter() - t0:.1f} s")
     best = scoring.honest_scores(R, y, k, seed, ids=ids, combine=combine)
@@ -98,7 +99,7 @@ def run(subject: Subject, controls: list[Subject], source: Any, *, k: int = 20, 
         f"over {k} splits (in-sample {best['in_sample']['balanced_acc']:.3f})")
     rows = {subject.name: (subject.what, best)}
     for c in controls:
-        Rc, idc = responses.collect(c.plan, c.params, source, n)
+        Rc, idc = _finite(comm, c.name, *responses.collect(c.plan, c.params, source, n))
         rows[c.name] = (c.what, scoring.honest_scores(Rc, y, k, seed, ids=idc, combine=combine))
         say(f"control {c.name}: {rows[c.name][1]['mean_balanced_acc']:.3f} ± {rows[c.name][1]['std_balanced_acc']:.3f}")
     X = images.reshape(n, -1).astype(np.float64)
@@ -120,6 +121,15 @@ def run(subject: Subject, controls: list[Subject], source: Any, *, k: int = 20, 
     figures = _figure_data(subject, R, ids, y, images, best, infos, k, seed, stimulus_steps, comm)
     report["best"]["stimulus_trace"] = figures.pop("trace")
     return report, figures
+
+
+def _finite(comm, name: str, R: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Non-finite responses (a diverged network) stop every rank with one message, not one rank alone."""
+    bad = ~np.isfinite(R).all(axis=0)
+    err = (f"{name}: {int(bad.sum())} neuron(s) give non-finite responses (e.g. neuron {int(ids[bad][0])}); "
+           "is the checkpoint from a diverged run?") if bad.any() else None
+    raise_collectively(comm, err)
+    return R, ids
 
 
 def _best(scores: dict, infos: list, split: int) -> dict[str, Any]:
