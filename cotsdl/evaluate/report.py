@@ -1,0 +1,256 @@
+"""``report.json`` and ``report.md`` of ``cotsdl evaluate``.
+
+:func:`write_report` takes the numbers (a JSON-serializable dict) and the PNGs
+that could be drawn, and writes both files atomically into the run folder.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TITLES = {
+    "filters": "First-stage filters",
+    "curves": "Training curves",
+    "histograms": "Responses of the best neuron",
+    "top_bottom": "Strongest and weakest held-out images",
+    "stimulus": "Optimal stimulus",
+    "throughput": "Training throughput",
+}
+
+
+def _plain(x: Any) -> Any:
+    """``x`` with numpy values made plain Python and NaN/inf made None (JSON has no NaN)."""
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return _plain(x.tolist())
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    if isinstance(x, os.PathLike):
+        return os.fspath(x)
+    return x
+
+
+def _write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _num(v: Any, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "no"
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    if isinstance(v, (float, np.floating)):
+        return f"{float(v):.{digits}f}"
+    return str(v)
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and math.isfinite(v)
+
+
+def _pm(mean: Any, std: Any) -> str:
+    return f"{_num(mean)} ± {_num(std)}" if _finite(mean) else "–"
+
+
+def _cell(v: Any) -> str:
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(rows: list[dict], verdicts: dict) -> list[str]:
+    out = ["| | what | held-out balanced acc. | held-out acc. | in-sample balanced acc. | best − it (per split) "
+           "| beaten by the best neuron |",
+           "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        v = verdicts.get(r.get("name")) or {}
+        diff = f"{float(v['mean_diff']):+.3f} ± {_num(v['std_diff'])}" if v and _finite(v.get("mean_diff")) else "–"
+        beats = {True: "**yes**", False: "no", None: "–"}[r.get("beats")]
+        name = f"**{r.get('name')}**" if r.get("name") == "network" else str(r.get("name"))
+        out.append(f"| {_cell(name)} | {_cell(r.get('what', ''))} "
+                   f"| {_pm(r.get('test_balanced_acc_mean'), r.get('test_balanced_acc_std'))} "
+                   f"| {_pm(r.get('test_acc_mean'), r.get('test_acc_std'))} "
+                   f"| {_num(r.get('in_sample_balanced_acc'))} | {diff} | {beats} |")
+    return out
+
+
+def _where(b: dict) -> str:
+    if not b:
+        return "the best neuron"
+    pos = tuple(b.get("position") or ())
+    stage = b.get("stage")
+    return (f"unit {pos} of layer {b.get('layer')} ({b.get('kind')}"
+            + (f", stage {stage + 1}" if isinstance(stage, int) else "") + ")")
+
+
+def _captions(report: dict) -> dict[str, str]:
+    b = report.get("best") or {}
+    where = _where(b)
+    thr = b.get("threshold")
+    net = next((r for r in report.get("rows", []) if r.get("name") == "network"), {})
+    run = report.get("run") or {}
+    splits = (report.get("scores", {}).get("network") or {}).get("splits")
+    split = f"split {b.get('split', 0) + 1} of {splits}" if splits else "the first split"
+    return {
+        "filters": "The learned filters of the first stage. The network is locally connected without weight "
+                   "sharing, so every site has its own filter bank: each row is one site (its grid position "
+                   "(i, j)), each column one neuron. Every tile is scaled by its own largest absolute weight, so "
+                   "the figure shows shape, not strength. Edge-, blob- and colour-opponent patterns that look "
+                   "alike across rows mean the sites learned similar features; noise-like tiles mean the stage "
+                   "has not learned much.",
+        "curves": "The training objective of each stage against the global step: the reconstruction error and "
+                  "the sparsity penalty (the dotted line is their weighted sum, the loss). Each stage trains only "
+                  "its own layers on top of the frozen stages below, so each panel starts afresh. A "
+                  "reconstruction that is still falling at the end of a stage means the stage was stopped early"
+                  + (f" (checkpoint at step {run.get('step')})." if run.get("step") is not None else "."),
+        "histograms": f"The responses of {where} to the held-out test half of {split}: faces against the other "
+                      "images, as densities over shared bins. The dashed line is the threshold "
+                      + (f"({_num(thr, 3)}) " if thr is not None else "")
+                      + "chosen on the selection half only; the separation of the two histograms around it is "
+                        "what the held-out balanced accuracy"
+                      + (f" ({_pm(net.get('test_balanced_acc_mean'), net.get('test_balanced_acc_std'))})"
+                         if net else "") + " measures.",
+        "top_bottom": f"The 16 held-out images that drive {where} most (top) and least (bottom), each scaled to "
+                      "its own range and captioned with the response and its label. A face-selective neuron has "
+                      "mostly faces on top and none at the bottom.",
+        "stimulus": f"The input of fixed norm that maximizes the response of {where}, found by projected gradient "
+                    "ascent through the network, shown symmetric around zero (mid gray is 0), beside the mean "
+                    "face of the selection half. A face-selective neuron's optimal stimulus tends to show a "
+                    "face-like layout (eyes, nose, mouth) where its receptive field lies.",
+        "throughput": "Training speed from the run's metrics: images per second at each logged step (left), and "
+                      "per stage the median time of a step split into local compute and the exchange of "
+                      "gradients and halos between ranks (right)"
+                      + (f"; the run used {run.get('ranks')} rank(s) on a {'x'.join(map(str, run['grid']))} grid"
+                         if run.get("ranks") and run.get("grid") else "") + ".",
+    }
+
+
+def _items(d: Any, indent: str = "") -> list[str]:
+    """A dict as a short nested Markdown list."""
+    if not isinstance(d, dict):
+        return [f"{indent}- {_short(d)}"]
+    out = []
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.append(f"{indent}- **{k}**:")
+            out += _items(v, indent + "  ")
+        else:
+            out.append(f"{indent}- **{k}**: {_short(v)}")
+    return out
+
+
+def _short(v: Any, limit: int = 200) -> str:
+    if isinstance(v, float):
+        s = _num(v, 4)
+    elif isinstance(v, (list, tuple)) and all(isinstance(x, dict) for x in v) and v:
+        s = "; ".join(", ".join(f"{k}={_short(x, 40)}" for k, x in item.items()) for item in v)
+    else:
+        s = json.dumps(_plain(v)) if isinstance(v, (list, tuple, dict)) else str(v)
+    return s if len(s) <= limit else s[:limit - 1] + "…"
+
+
+def _per_layer(layers: list[dict]) -> list[str]:
+    out = ["| layer | kind | stage | neurons | best neuron, held-out balanced acc. | in-sample |",
+           "|---|---|---|---|---|---|"]
+    for r in layers:
+        stage = r.get("stage")
+        out.append(f"| {r.get('layer')} | {r.get('kind')} | {stage + 1 if isinstance(stage, int) else stage} "
+                   f"| {r.get('neurons')} | {_pm(r.get('mean_balanced_acc'), r.get('std_balanced_acc'))} "
+                   f"| {_num(r.get('in_sample_balanced_acc'))} |")
+    return out
+
+
+def write_report(folder: str | os.PathLike, report: dict, figures: dict[str, Any]) -> tuple[Path, Path]:
+    """Write ``report.json`` and ``report.md`` into ``folder``; returns their paths.
+
+    ``figures`` maps a figure key (see ``TITLES``) to a PNG path, or None when
+    the figure could not be drawn (``report["figure_errors"][key]`` says why).
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = folder / "report.json", folder / "report.md"
+    _write_text(json_path, json.dumps(_plain(report), indent=2, allow_nan=False) + "\n")
+
+    b = report.get("best") or {}
+    verdict = (report.get("verdict") or {}).get("sentence") or "No verdict was recorded."
+    lines = ["# Face selectivity of a trained network", ""]
+    run = report.get("run") or {}
+    if run.get("folder"):
+        lines += [f"Run `{run['folder']}`" + (f", checkpoint at step {run['step']}." if run.get("step") is not None
+                                              else "."), ""]
+    lines += ["## Verdict", "", verdict, ""]
+
+    lines += ["## The best neuron against the controls", ""]
+    n_img, n_face = report.get("images"), report.get("faces")
+    splits = (report.get("scores", {}).get("network") or {}).get("splits")
+    lines += ["Each score is the mean ± standard deviation over "
+              + (f"{splits} " if splits else "")
+              + "random splits of the evaluation images"
+              + (f" ({n_img} images, {n_face} faces)" if n_img is not None and n_face is not None else "")
+              + " into a selection half, where the neuron (or control) and its threshold are chosen, and a test "
+                "half, where it is scored. Balanced accuracy is the mean of the accuracies on faces and on other "
+                "images (0.5 is chance). “Beaten” means the per-split difference best − control has a mean larger "
+                "than its spread."
+              + (f" Selectivity is decided against: {', '.join(report['must_beat'])}."
+                 if report.get("must_beat") else ""), ""]
+    lines += _table(report.get("rows", []), report.get("verdicts") or {})
+    lines.append("")
+    if b:
+        lines += [f"The neuron shown in the figures is the one chosen on the selection half of split "
+                  f"{b.get('split', 0) + 1}: {_where(b)}, global id {b.get('neuron')}, threshold {_num(b.get('threshold'))}"
+                  + (f"; over all splits the chosen neurons came from layer(s) "
+                     f"{', '.join(map(str, b['chosen_layers']))}" if b.get("chosen_layers") else "") + ".", ""]
+    if report.get("per_layer"):
+        lines += ["### The best neuron of each layer", ""] + _per_layer(report["per_layer"]) + [""]
+
+    errors = report.get("figure_errors") or {}
+    captions = _captions(report)
+    shown = []
+    for key, title in TITLES.items():
+        p = figures.get(key)
+        if p is not None and Path(p).is_file():
+            shown.append((key, title, Path(p)))
+    lines += ["## Figures", ""]
+    if not shown and not errors:
+        lines += ["No figures were drawn.", ""]
+    for key, title in TITLES.items():
+        hit = next((s for s in shown if s[0] == key), None)
+        if hit is not None:
+            rel = Path(os.path.relpath(hit[2].resolve(), folder.resolve())).as_posix()
+            lines += [f"### {title}", "", f"![{title}]({rel})", "", captions[key], ""]
+        elif errors.get(key):
+            why = str(errors[key]).removeprefix("error: ")
+            lines += [f"### {title}", "", f"This figure could not be drawn: {why}", ""]
+    for key in figures:
+        if key not in TITLES and figures[key] is not None and Path(figures[key]).is_file():
+            rel = Path(os.path.relpath(Path(figures[key]).resolve(), folder.resolve())).as_posix()
+            lines += [f"### {key}", "", f"![{key}]({rel})", ""]
+
+    for head, key in (("Network", "network"), ("Data", "data"), ("Run", "run"), ("Versions", "versions")):
+        if report.get(key):
+            lines += [f"## {head}", ""] + _items(report[key]) + [""]
+    _write_text(md_path, "\n".join(lines).rstrip() + "\n")
+    return json_path, md_path
