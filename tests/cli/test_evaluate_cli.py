@@ -1,0 +1,53 @@
+"""`cotsdl evaluate` as a user runs it: a tiny trained run, scored on 1 and on 2 ranks, figures and report."""
+import json
+import re
+import struct
+
+import numpy as np
+import pytest
+
+from cotsdl.io.dataset import write_dataset
+from test_train_cli import cotsdl, setup  # noqa: F401 - the fixture is used by name
+
+
+@pytest.mark.timeout(400)
+def test_evaluate_writes_the_report_and_agrees_across_ranks(setup):  # noqa: F811
+    tmp, make = setup
+    assert cotsdl("train", str(make(steps=4, every=100))).returncode == 0
+    rng = np.random.default_rng(3)
+    y = (np.arange(60) % 3 == 0).astype(np.int64)
+    faces = rng.integers(0, 256, (60, 12, 12), dtype=np.uint8)
+    faces[y == 1, 3:9, 3:9] = 255  # a bright square: something to find
+    write_dataset(tmp / "faces.h5", faces, labels=y)
+    one = cotsdl("evaluate", str(tmp / "run"), "--splits", "6", "--stimulus-steps", "5", "--json", str(tmp / "one.json"),
+                 ranks=1, timeout=300)
+    assert one.returncode == 0, one.stderr
+    two = cotsdl("evaluate", str(tmp / "run"), "--splits", "6", "--stimulus-steps", "5", ranks=2, timeout=300)
+    assert two.returncode == 0, two.stderr
+    assert two.stdout.count("report: ") == 1 and "held-out balanced accuracy" in two.stdout
+    a, b = json.loads((tmp / "one.json").read_text()), json.loads((tmp / "run" / "report.json").read_text())
+    assert a["run"]["ranks"] == 1 and b["run"]["ranks"] == 2
+    for name in a["scores"]:
+        assert a["scores"][name]["test_balanced_acc"] == pytest.approx(b["scores"][name]["test_balanced_acc"])
+        assert a["scores"][name].get("neurons") == b["scores"][name].get("neurons")
+    md = (tmp / "run" / "report.md").read_text()
+    links = re.findall(r"\]\(([^)]+\.png)\)", md)
+    assert len(links) == 6
+    for link in links:
+        png = (tmp / "run" / link).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        w, h = struct.unpack(">II", png[16:24])
+        assert 300 <= w <= 4000 and 200 <= h <= 4000
+    assert a["verdict"]["sentence"] in md
+
+
+def test_evaluate_bad_input(setup):  # noqa: F811
+    tmp, make = setup
+    res = cotsdl("evaluate", str(tmp / "nowhere"), ranks=2)
+    assert res.returncode == 2 and res.stderr.count("is not a run folder of cotsdl train") == 1
+    assert cotsdl("train", str(make(steps=2, every=100))).returncode == 0
+    unlabeled = cotsdl("evaluate", str(tmp / "run"), "--dataset", str(tmp / "tiny.h5"), ranks=2)
+    assert unlabeled.returncode == 2 and unlabeled.stderr.count("no 'labels'") == 1, unlabeled.stderr
+    missing = cotsdl("evaluate", str(tmp / "run"), ranks=2)  # no --dataset and no faces.h5 beside the data
+    assert missing.returncode == 2 and "pass --dataset FILE" in missing.stderr
+    assert "Traceback" not in unlabeled.stderr + missing.stderr
