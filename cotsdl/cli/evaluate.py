@@ -53,14 +53,12 @@ def _check_args(args) -> str | None:
 def run(args) -> int:
     from mpi4py import MPI  # noqa: PLC0415
 
-    from ..array.collective import agreed, raise_collectively  # noqa: PLC0415
+    from ..array.collective import agreed  # noqa: PLC0415
     from ..array.grid import ProcessGrid  # noqa: PLC0415
     from ..evaluate import experiment, responses  # noqa: PLC0415
-    from ..io.dataset import check_for_network  # noqa: PLC0415
-    from ..io.reader import HDF5Source  # noqa: PLC0415
     from ..nn.network import Network  # noqa: PLC0415
     from ..nn.plan import NetworkPlan  # noqa: PLC0415
-    from .train import _setup_backend  # noqa: PLC0415
+    from .train import _setup_backend, open_dataset  # noqa: PLC0415
 
     comm = MPI.COMM_WORLD
     root = comm.Get_rank() == 0
@@ -88,19 +86,8 @@ def run(args) -> int:
         raise agreed(ValueError(f"--control-run {args.control_run}: its network takes "
                                 f"{control[2]['network']['input']}, the run's takes {list(network.input_shape)}"))
     backend_name = _setup_backend(cfg, comm)
-    dc = cfg["data"]
-    err, source = None, None
-    try:
-        source = HDF5Source(dataset, shuffle=False, preprocess=dc["preprocess"], std_floor=dc["std_floor"],
-                            prefetch=False)
-        problems = check_for_network(source.info, network.input_shape)
-        if source.info.labels is None:
-            problems.append("no 'labels' (1 = face, 0 = distractor): make one with cotsdl prepare-data faces")
-        if problems:
-            err = f"--dataset {dataset}: " + "; ".join(problems)
-    except (ValueError, OSError) as e:
-        err = f"--dataset: {e}"
-    raise_collectively(comm, err)
+    dc = {**cfg["data"], "prefetch": False}
+    source = open_dataset(comm, "--dataset", dataset, network.input_shape, None, dc, labels=True, shuffle=False)
     try:
         grid = ProcessGrid(comm, None, network.input_shape[:2])
         plan = NetworkPlan(network, grid, min(dc["batch"], len(source)), meta["dtype"])

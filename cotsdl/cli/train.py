@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..io.atomic import write_atomic
 from . import config as cfgmod
 from .signals import EXIT_REQUEUE, PreemptionGuard
 
@@ -92,7 +93,7 @@ def _setup_backend(cfg: dict[str, Any], comm) -> str:
     if name == "cuda":
         err = None
         try:
-            import cupy  # noqa: F401, PLC0415
+            import cupy  # noqa: F401, PLC0415 - only whether it imports
         except ImportError as e:
             err = (f"run.backend = \"cuda\" needs CuPy, which does not import ({e}); install it with "
                    "pip install 'cotsdl[cuda12]' (or [cuda13]), or set run.backend = \"numpy\"")
@@ -135,12 +136,6 @@ def _inspect_run(folder: Path, cfg: dict[str, Any], network_desc: dict[str, Any]
                 + "\n  ".join(diff) + "\nuse a new run.folder, or undo the change to resume"), None
     meta["_path"] = str(latest)
     return None, meta
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _summary(folder: Path, nstages: int, wall: float, history: list[dict]) -> dict[str, Any]:
@@ -188,7 +183,7 @@ def _trim_metrics(path: Path, step: int) -> None:
         except (ValueError, KeyError, TypeError):
             continue  # a line cut short by a kill
     if len(keep) != len(lines):
-        _write_atomic(path, "".join(keep))
+        write_atomic(path, "".join(keep))
 
 
 def run(args) -> int:
@@ -203,9 +198,6 @@ def run(args) -> int:
 def _run(args, guard: PreemptionGuard) -> int:
     from mpi4py import MPI  # noqa: PLC0415
 
-    from ..array.collective import raise_collectively  # noqa: PLC0415
-    from ..io.dataset import check_for_network  # noqa: PLC0415
-    from ..io.reader import HDF5Source  # noqa: PLC0415
     from ..nn.network import Network  # noqa: PLC0415
 
     comm = MPI.COMM_WORLD  # the program's world; the library takes it as an argument
@@ -234,7 +226,6 @@ def _run(args, guard: PreemptionGuard) -> int:
     _agreed(_layout_error(pc, comm.Get_size(), source))
     backend_name = _setup_backend(cfg, comm)
     folder = Path(cfg["run"]["folder"])
-    ckdir = folder / "checkpoints"
     meta, err = None, None
     if root:
         err, meta = _inspect_run(folder, cfg, network.describe())
@@ -242,20 +233,35 @@ def _run(args, guard: PreemptionGuard) -> int:
     _agreed(err)
 
     global_batch = dc["batch"] * pc["replicas"]
-    data, err = None, None
-    try:
-        data = HDF5Source(dc["file"], seed=dc["seed"], shuffle=dc["shuffle"], preprocess=dc["preprocess"],
-                          std_floor=dc["std_floor"], prefetch=dc["prefetch"])
-        problems = check_for_network(data.info, network.input_shape, global_batch)
-        if problems:
-            err = f"data.file {dc['file']}: " + "; ".join(problems)
-    except (ValueError, OSError) as e:
-        err = f"data.file: {e}"
-    raise_collectively(comm, err)
+    data = open_dataset(comm, "data.file", dc["file"], network.input_shape, global_batch, dc)
     try:
         return _train(cfg, source, network, optimizer, data, meta, backend_name, guard, comm, t_start)
     finally:
         data.close()
+
+
+def open_dataset(comm, what: str, path, input_shape, batch: int | None, dc: dict[str, Any], labels: bool = False,
+                 shuffle: bool | None = None):
+    """Every rank opens the dataset and checks it against the network; one collective verdict."""
+    from ..array.collective import raise_collectively  # noqa: PLC0415
+    from ..io.dataset import check_for_network  # noqa: PLC0415
+    from ..io.reader import HDF5Source  # noqa: PLC0415
+
+    data, err = None, None
+    try:
+        data = HDF5Source(path, seed=dc["seed"], shuffle=dc["shuffle"] if shuffle is None else shuffle,
+                          preprocess=dc["preprocess"], std_floor=dc["std_floor"], prefetch=dc["prefetch"])
+        problems = check_for_network(data.info, input_shape, batch)
+        if labels and data.info.labels is None:
+            problems.append("no 'labels' (1 = face, 0 = distractor): make one with cotsdl prepare-data faces")
+        if problems:
+            err = f"{what} {path}: " + "; ".join(problems)
+    except (ValueError, OSError) as e:
+        err = f"{what}: {e}"
+    if err and data is not None:
+        data.close()
+    raise_collectively(comm, err)
+    return data
 
 
 def _layout_error(pc: dict[str, Any], ranks: int, source: str) -> str | None:
@@ -305,7 +311,7 @@ def _train(cfg, source, network, optimizer, data, meta, backend_name, guard, com
             old = (folder / "config.toml").read_text() if (folder / "config.toml").exists() else None
             _trim_metrics(folder / "metrics.jsonl", meta["step"] if meta else 0)
             header = f"resolved config of the run in {folder} (from {source}); written by cotsdl train"
-            _write_atomic(folder / "config.toml", cfgmod.dumps(cfg, header))
+            write_atomic(folder / "config.toml", cfgmod.dumps(cfg, header))
             log = _Tee(folder / "log.txt")
         except OSError as e:
             err = f"run.folder {folder}: cannot write: {e.strerror or e}"
@@ -370,7 +376,7 @@ def _report(folder: Path, network, tr, backend_name: str, ranks: int, wall: floa
                     "checkpoint": str(tr.latest_checkpoint()), "ranks": ranks,
                     "grid": list(tr.layout.grid.dims), "replicas": tr.replicas, "backend": backend_name})
     try:
-        _write_atomic(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
+        write_atomic(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
     except OSError as e:
         say(f"warning: cannot write {folder / 'summary.json'}: {e.strerror or e}")
     say(f"done: {len(network.stages)} stage(s) in {wall:.1f} s this session, global step {tr.step}")

@@ -7,11 +7,12 @@ same folder, then ``os.replace``), closes the figure and returns the path.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+
+from ..io.atomic import write_atomic
 
 DPI = 120
 
@@ -37,20 +38,10 @@ def _save(fig, path: str | os.PathLike) -> Path:
     """Write ``fig`` to ``path`` atomically and let it go."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png.tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=DPI)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        return write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=DPI))
     finally:
         fig.clear()
-    return path
 
 
 def _hwc(a: Any) -> np.ndarray:

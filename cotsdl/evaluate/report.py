@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ..io.atomic import write_atomic
 
 TITLES = {
     "filters": "First-stage filters",
@@ -41,20 +42,6 @@ def _plain(x: Any) -> Any:
     if isinstance(x, os.PathLike):
         return os.fspath(x)
     return x
-
-
-def _write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def _num(v: Any, digits: int = 3) -> str:
@@ -192,7 +179,7 @@ def write_report(folder: str | os.PathLike, report: dict, figures: dict[str, Any
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     json_path, md_path = folder / "report.json", folder / "report.md"
-    _write_text(json_path, json.dumps(_plain(report), indent=2, allow_nan=False) + "\n")
+    write_atomic(json_path, json.dumps(_plain(report), indent=2, allow_nan=False) + "\n")
 
     b = report.get("best") or {}
     verdict = (report.get("verdict") or {}).get("sentence") or "No verdict was recorded."
@@ -252,5 +239,5 @@ def write_report(folder: str | os.PathLike, report: dict, figures: dict[str, Any
     for head, key in (("Network", "network"), ("Data", "data"), ("Run", "run"), ("Versions", "versions")):
         if report.get(key):
             lines += [f"## {head}", ""] + _items(report[key]) + [""]
-    _write_text(md_path, "\n".join(lines).rstrip() + "\n")
+    write_atomic(md_path, "\n".join(lines).rstrip() + "\n")
     return json_path, md_path

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cotsdl.io.dataset import write_dataset
-from test_train_cli import cotsdl, setup  # noqa: F401 - the fixture is used by name
+from test_train_cli import cotsdl, setup  # noqa: F401 - pytest finds the fixture by its name here
 
 
 @pytest.mark.timeout(400)
