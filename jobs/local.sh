@@ -64,7 +64,7 @@ fi
 echo "[cotsdl] mpiexec -n $ranks python -m mpi4py -m cotsdl evaluate $run ${evaluate[*]}"
 mpiexec -n "$ranks" python -m mpi4py -m cotsdl evaluate "$run" "${evaluate[@]}"
 echo "[cotsdl] job finished in $(( $(date +%s) - t0 )) s"
-echo "[cotsdl] datasets: data/demo/natural.h5 (training), data/demo/faces.h5 (labeled, for evaluation)" \
-     "$([ "$control" = 1 ] && echo ", data/demo/natural-nofaces.h5 (the control's training set)")"
+echo "[cotsdl] datasets: data/demo/natural.h5 (training), data/demo/faces.h5 (labeled, for evaluation)$(
+    [ "$control" = 1 ] && echo ", data/demo/natural-nofaces.h5 (the control's training set)")"
 echo "[cotsdl] runs: $run$([ "$control" = 1 ] && echo " and $nofaces") (config.toml, checkpoints/, metrics.jsonl, log.txt, summary.json)"
 echo "[cotsdl] open $run/report.md first (figures in $run/figures/); bash jobs/local.sh --fresh trains again from the start"
