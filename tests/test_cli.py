@@ -29,7 +29,7 @@ def test_bench_exchange_writes_table_and_json(tmp_path):
     # grid 2x1 over 20 rows: each rank sends h rows of 17*2*3 float32 to the other
     assert rows[3]["bytes_sent_all_ranks"] == 2 * 3 * 17 * 2 * 3 * 4
     assert 0 < rows[3]["fraction_of_pingpong"]
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".cotsdl-")]  # no temporary left
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left
 
 
 @pytest.mark.timeout(200)

@@ -5,7 +5,6 @@ import json
 import os
 import platform
 import socket
-import tempfile
 import time
 from typing import Any, Callable
 
@@ -65,18 +64,6 @@ def check_output_path(path: str | None) -> str | None:
 
 def write_json(path: str, data: Any) -> None:
     """Write ``data`` to ``path`` atomically: a reader never sees half a file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".cotsdl-", suffix=".json", dir=folder)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a result file is for everyone
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    from ..io.atomic import write_atomic  # noqa: PLC0415
+
+    write_atomic(path, json.dumps(data, indent=2) + "\n")

@@ -20,6 +20,8 @@ def write_atomic(path: str | os.PathLike, content: str | bytes | Callable[[IO[by
                 content(f)
             else:
                 f.write(content.encode() if isinstance(content, str) else content)
+            f.flush()
+            os.fsync(f.fileno())  # the rename must not publish a file whose data is still in flight
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; results are for everyone
