@@ -43,11 +43,27 @@ def _load_run(run: Path) -> tuple[dict[str, Any], Path, dict[str, Any]]:
 
 
 def _check_args(args) -> str | None:
-    if args.splits < 1 or args.stimulus_steps < 0:
-        return f"need --splits >= 1 and --stimulus-steps >= 0, got {args.splits} and {args.stimulus_steps}"
+    if args.splits < 2 or args.stimulus_steps < 0:
+        return f"need --splits >= 2 and --stimulus-steps >= 0, got {args.splits} and {args.stimulus_steps}"
     from ..bench.common import check_output_path  # noqa: PLC0415
 
     return check_output_path(args.json)
+
+
+def _check_outputs(run: Path, figures: Path | None) -> None:
+    """The report, the figures and their folders can be written (rank 0, before the costly part)."""
+    import tempfile  # noqa: PLC0415
+
+    for folder in [run] + ([figures] if figures else []):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as e:
+            raise ValueError(f"cannot write into {folder}: {e.strerror or e}") from None
+    for name in ("report.json", "report.md"):
+        if (run / name).is_dir():
+            raise ValueError(f"cannot write {run / name}: it is a folder")
 
 
 def run(args) -> int:
@@ -74,6 +90,11 @@ def run(args) -> int:
             if not args.dataset and not dataset.exists():
                 raise ValueError(f"no labeled set given and {dataset} does not exist: pass --dataset FILE "
                                  "(e.g. from cotsdl prepare-data faces FILE --size H W)")
+            _check_outputs(run_dir, None if args.no_figures else (Path(args.figures) if args.figures
+                                                                   else run_dir / "figures"))
+            if control is not None and (control[2]["network"], control[2]["dtype"]) != (meta["network"], meta["dtype"]):
+                raise ValueError(f"--control-run {args.control_run} trained another network or dtype than {run_dir}: "
+                                 "the no-face control must be the same architecture")
             loaded = (cfg, str(ckpt), meta, control and (control[0], str(control[1]), control[2]), str(dataset))
         except (ValueError, OSError) as e:
             err = str(e)
@@ -82,9 +103,6 @@ def run(args) -> int:
         raise agreed(ValueError(err))
     cfg, ckpt, meta, control, dataset = loaded
     network = Network.from_description(meta["network"])
-    if control is not None and Network.from_description(control[2]["network"]).input_shape != network.input_shape:
-        raise agreed(ValueError(f"--control-run {args.control_run}: its network takes "
-                                f"{control[2]['network']['input']}, the run's takes {list(network.input_shape)}"))
     backend_name = _setup_backend(cfg, comm)
     dc = {**cfg["data"], "prefetch": False}
     source = open_dataset(comm, "--dataset", dataset, network.input_shape, None, dc, labels=True, shuffle=False)
@@ -95,23 +113,26 @@ def run(args) -> int:
                                      responses.load_params(plan, ckpt, comm))
         controls = [experiment.Subject("random_weights", "the same network with its initial random weights", plan,
                                        plan.init_params(meta["seed"]))]
-        if control is not None:
-            cnet = Network.from_description(control[2]["network"])
-            cplan = plan if cnet.describe() == network.describe() else NetworkPlan(cnet, grid, plan.batch, meta["dtype"])
+        if control is not None:  # the same architecture (checked above): the same plan
             controls.append(experiment.Subject("no_faces", f"the architecture trained without faces "
-                                               f"({args.control_run})", cplan, responses.load_params(cplan, control[1], comm)))
+                                               f"({args.control_run})", plan, responses.load_params(plan, control[1], comm)))
         say(f"cotsdl evaluate {args.run}: {comm.Get_size()} rank(s), grid {grid.dims[0]}x{grid.dims[1]}, backend "
             f"{backend_name}, dataset {dataset} ({len(source)} images)")
         report, figs = experiment.run(subject, controls, source, k=args.splits, seed=args.seed,
                                       stimulus_steps=args.stimulus_steps, say=say)
     finally:
         source.close()
+    status = 0
     if root:
         report.update(_context(args, cfg, meta, ckpt, dataset, grid, comm.Get_size(), backend_name, network,
                                control, time.perf_counter() - t0))
         report["verdict"] = {"selective": report["selective"], "sentence": _sentence(report)}
-        _write(args, Path(args.run), report, figs, say)
-    return 0
+        try:
+            _write(args, Path(args.run), report, figs, say)
+        except OSError as e:  # checked before, but a disk can fill up meanwhile
+            print(f"cotsdl: error: cannot write the report: {e}", file=sys.stderr, flush=True)
+            status = 1
+    return comm.bcast(status)  # every rank exits with the same status
 
 
 def _sentence(report: dict[str, Any]) -> str:
@@ -122,16 +143,17 @@ def _sentence(report: dict[str, Any]) -> str:
                    for r in report["rows"] if r["name"] != "network")
     head = (f"The best neuron reaches a held-out balanced accuracy of {net['test_balanced_acc_mean']:.3f} ± "
             f"{net['test_balanced_acc_std']:.3f} over {report['scores']['network']['splits']} splits "
-            f"(in-sample {net['in_sample_balanced_acc']:.3f}; shown: {where}) against {vs}.")
-    if not report["must_beat"]:
-        return head + " No control that decides selectivity was run."
-    names = " and ".join({"random_weights": "the random-weight network", "no_faces": "the network trained without "
-                          "faces"}.get(m, m) for m in report["must_beat"])
+            f"(in-sample best {net['in_sample_balanced_acc']:.3f}; the figures show {where}) against {vs}.")
+    label = {"random_weights": "the random-weight network", "no_faces": "the network trained without faces"}
+    names = " and ".join(label.get(m, m) for m in report["must_beat"])
+    if report["selective"] is None:
+        why = (f"the {' and '.join(label.get(m, m) for m in report['missing_controls'])} control was not run "
+               "(--control-run)" if report["missing_controls"] else "too few splits to measure a spread")
+        return head + f" Undecided: {why}, so no neuron is called face-selective."
     if report["selective"]:
         return head + f" It beats {names} by more than the split-to-split spread: the network has a face-selective neuron."
-    missing = "" if "no_faces" in report["must_beat"] else " (the no-face control was not run: --control-run)"
-    return (head + f" It does not beat {names} by more than the split-to-split spread{missing}: no neuron is "
-            "called face-selective.")
+    return (head + f" It does not beat {names} by more than the split-to-split spread: no neuron is called "
+            "face-selective.")
 
 
 def _context(args, cfg, meta, ckpt, dataset, grid, ranks, backend_name, network, control, seconds) -> dict[str, Any]:
@@ -145,11 +167,16 @@ def _context(args, cfg, meta, ckpt, dataset, grid, ranks, backend_name, network,
             return inspect(path).recipe
         except ValueError as e:
             return {"error": str(e)}
-    return {"network": network.describe(), "run": {"folder": str(args.run), "checkpoint": ckpt, "step": meta["step"],
-                                                  "ranks": ranks, "grid": list(grid.dims), "backend": backend_name,
-                                                  "control_run": args.control_run, "seconds": seconds},
-            "data": {"training": {"file": cfg["data"]["file"], "recipe": recipe(cfg["data"]["file"])},
-                     "evaluation": {"file": dataset, "recipe": recipe(dataset)}},
+    data = {"training": {"file": cfg["data"]["file"], "recipe": recipe(cfg["data"]["file"])},
+            "evaluation": {"file": dataset, "recipe": recipe(dataset)}}
+    if control is not None:
+        data["control_training"] = {"file": control[0]["data"]["file"], "recipe": recipe(control[0]["data"]["file"]),
+                                    "step": control[2]["step"]}
+    return {"network": network.describe(),
+            "run": {"folder": str(args.run), "checkpoint": ckpt, "step": meta["step"], "ranks": ranks,
+                    "grid": list(grid.dims), "training_grid": meta["grid"], "training_replicas": meta["replicas"],
+                    "backend": backend_name, "control_run": args.control_run, "seconds": seconds},
+            "data": data,
             "versions": {"cotsdl": __version__, "numpy": np.__version__, "python": sys.version.split()[0]}}
 
 

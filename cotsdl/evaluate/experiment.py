@@ -47,7 +47,19 @@ def labeled_images(source: Any) -> tuple[np.ndarray, np.ndarray]:
 
     with h5py.File(source.path, "r") as f:
         y = f["labels"][()].astype(np.int64)
-    return np.ascontiguousarray(images), (y == 1).astype(np.int64)
+    return np.ascontiguousarray(images), y
+
+
+def label_error(path: Any, y: np.ndarray) -> str | None:
+    """Why labels cannot be scored: only 1 (face) and 0 (distractor), at least 2 of each (a half needs one)."""
+    other = sorted(set(np.unique(y).tolist()) - {0, 1})
+    if other:
+        return f"dataset {path}: labels must be 1 (face) or 0 (distractor), found {other[:5]}"
+    faces, rest = int(np.sum(y == 1)), int(np.sum(y == 0))
+    if faces < 2 or rest < 2:
+        return (f"dataset {path}: scoring needs at least 2 faces and 2 distractors (each half of a split needs "
+                f"one), got {faces} face(s) and {rest} distractor(s)")
+    return None
 
 
 def template_scores(X: np.ndarray, y: np.ndarray, k: int, seed: int) -> dict[str, Any]:
@@ -74,12 +86,22 @@ def template_scores(X: np.ndarray, y: np.ndarray, k: int, seed: int) -> dict[str
                           "balanced_acc": ins.test_balanced_acc}}
 
 
+#: The controls a neuron must beat to be called face-selective (DESIGN of the experiment: issue 10).
+DECIDING = ("random_weights", "no_faces")
+#: Fewer splits give no spread to compare with.
+MIN_SPLITS_FOR_VERDICT = 5
+
+
 def run(subject: Subject, controls: list[Subject], source: Any, *, k: int = 20, seed: int = 0,
         stimulus_steps: int = 100, say: Callable[[str], None] = lambda m: None) -> tuple[dict, dict]:
     """Score ``subject`` and every control; returns (report numbers, figure data) on every rank
-    of the grid (figure data is complete on rank 0 of the grid)."""
+    of the grid (figure data is complete on rank 0 of the grid).
+
+    ``selective`` is True or False only when every control of :data:`DECIDING` was run
+    (and there are enough splits), else None: undecided."""
     comm = subject.plan.grid.comm
     images, y = labeled_images(source)
+    raise_collectively(comm, label_error(source.path, y))  # before the costly part; the same file on every rank
     n = len(y)
     combine = responses.combine_best(comm)
     infos = responses.layer_infos(subject.plan)
@@ -112,10 +134,12 @@ def run(subject: Subject, controls: list[Subject], source: Any, *, k: int = 20, 
         say(f"control {name}: {rows[name][1]['mean_balanced_acc']:.3f} ± {rows[name][1]['std_balanced_acc']:.3f}")
 
     verdicts = {name: scoring.paired_verdict(best, rows[name][1]) for name in rows if name != subject.name}
-    must_beat = [c.name for c in controls]  # random weights, and the no-face run when given
-    selective = bool(must_beat) and all(verdicts[m]["beats"] for m in must_beat)
+    must_beat = list(DECIDING)
+    decided = all(m in verdicts for m in must_beat) and k >= MIN_SPLITS_FOR_VERDICT
+    selective = all(verdicts[m]["beats"] for m in must_beat) if decided else None
     report = {"best": _best(best, infos, 0), "scores": {name: s for name, (_, s) in rows.items()},
               "per_layer": per_layer, "verdicts": verdicts, "selective": selective, "must_beat": must_beat,
+              "missing_controls": [m for m in must_beat if m not in verdicts],
               "images": n, "faces": int(y.sum()),
               "rows": [_row(name, what, s, verdicts.get(name)) for name, (what, s) in rows.items()]}
     figures = _figure_data(subject, R, ids, y, images, best, infos, k, seed, stimulus_steps, comm)

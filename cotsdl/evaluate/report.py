@@ -130,8 +130,8 @@ def _captions(report: dict) -> dict[str, str]:
         "throughput": "Training speed from the run's metrics: images per second at each logged step (left), and "
                       "per stage the median time of a step split into local compute and the exchange of "
                       "gradients and halos between ranks (right)"
-                      + (f"; the run used {run.get('ranks')} rank(s) on a {'x'.join(map(str, run['grid']))} grid"
-                         if run.get("ranks") and run.get("grid") else "") + ".",
+                      + (f"; training used a {'x'.join(map(str, run['training_grid']))} grid x "
+                         f"{run.get('training_replicas', 1)} replica(s)" if run.get("training_grid") else "") + ".",
     }
 
 

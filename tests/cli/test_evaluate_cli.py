@@ -50,4 +50,21 @@ def test_evaluate_bad_input(setup):  # noqa: F811
     assert unlabeled.returncode == 2 and unlabeled.stderr.count("no 'labels'") == 1, unlabeled.stderr
     missing = cotsdl("evaluate", str(tmp / "run"), ranks=2)  # no --dataset and no faces.h5 beside the data
     assert missing.returncode == 2 and "pass --dataset FILE" in missing.stderr
-    assert "Traceback" not in unlabeled.stderr + missing.stderr
+    write_dataset(tmp / "allfaces.h5", np.zeros((20, 12, 12), np.uint8), labels=np.ones(20, np.int64))
+    allfaces = cotsdl("evaluate", str(tmp / "run"), "--dataset", str(tmp / "allfaces.h5"), ranks=2)
+    assert allfaces.returncode == 2 and allfaces.stderr.count("got 20 face(s) and 0 distractor(s)") == 1
+    write_dataset(tmp / "ok.h5", np.zeros((20, 12, 12), np.uint8), labels=np.arange(20) % 2)
+    (tmp / "afile").write_text("")
+    unwritable = cotsdl("evaluate", str(tmp / "run"), "--dataset", str(tmp / "ok.h5"), "--figures",
+                        str(tmp / "afile" / "sub"), ranks=2)
+    assert unwritable.returncode == 2 and unwritable.stderr.count("cannot write into") == 1
+    assert not (tmp / "run" / "report.md").exists()
+    assert cotsdl("train", str(make("other.toml", run=tmp / "other", steps=2, every=100)),
+                  "--set", "network.stages[0].filter.channels=5").returncode == 0
+    other = cotsdl("evaluate", str(tmp / "run"), "--dataset", str(tmp / "ok.h5"), "--control-run", str(tmp / "other"),
+                   ranks=2)
+    assert other.returncode == 2 and other.stderr.count("must be the same architecture") == 1
+    few = cotsdl("evaluate", str(tmp / "run"), "--dataset", str(tmp / "ok.h5"), "--splits", "1", ranks=1)
+    assert few.returncode == 2 and "need --splits >= 2" in few.stderr
+    everything = unlabeled.stderr + missing.stderr + allfaces.stderr + unwritable.stderr + other.stderr + few.stderr
+    assert "Traceback" not in everything and "Abort" not in everything

@@ -33,23 +33,26 @@ def subjects(pattern, planted):
     plan = NetworkPlan(net, ProcessGrid(MPI.COMM_SELF, (1, 1)), 16, np.float64)
     params = plan.init_params(7)
     random = experiment.Subject("random_weights", "random weights", plan, {k: v.copy() for k, v in params.items()})
+    # stands in for the network trained without faces: other weights that know nothing of the pattern
+    other = experiment.Subject("no_faces", "other random weights", plan, plan.init_params(8))
     if planted:
         params[0][0, 0, 2] = pattern[:, :, None]  # neuron 2 of the only site is the matched filter
-    return experiment.Subject("network", "hand-set weights", plan, params), random
+    return experiment.Subject("network", "hand-set weights", plan, params), [random, other]
 
 
 def test_a_planted_face_neuron_is_found_and_called_selective(labeled):
     path, pattern = labeled
-    subject, random = subjects(pattern, planted=True)
+    subject, controls = subjects(pattern, planted=True)
     with HDF5Source(path, shuffle=False, preprocess="none", prefetch=False) as src:
-        report, figs = experiment.run(subject, [random], src, k=10, seed=0, stimulus_steps=50)
+        report, figs = experiment.run(subject, controls, src, k=10, seed=0, stimulus_steps=50)
     net = next(r for r in report["rows"] if r["name"] == "network")
     assert net["test_balanced_acc_mean"] > 0.95
     assert report["best"]["layer"] == 0 and report["best"]["position"] == [0, 0, 2]
     rnd = next(r for r in report["rows"] if r["name"] == "random_weights")
     assert rnd["test_balanced_acc_mean"] < 0.8
-    assert report["selective"] and report["verdicts"]["random_weights"]["beats"]
-    assert {r["name"] for r in report["rows"]} == {"network", "random_weights", "pixel", "mean_face", "linear_probe"}
+    assert report["selective"] is True and report["verdicts"]["random_weights"]["beats"]
+    assert {r["name"] for r in report["rows"]} == {"network", "random_weights", "no_faces", "pixel", "mean_face",
+                                                   "linear_probe"}
     # the figure data: held-out responses on the chosen threshold's two sides, and a stimulus like the pattern
     assert np.median(figs["faces"]) > figs["threshold"] > np.median(figs["distractors"])
     corr = np.corrcoef(figs["stimulus"].ravel(), pattern.ravel())[0, 1]
@@ -59,9 +62,20 @@ def test_a_planted_face_neuron_is_found_and_called_selective(labeled):
 
 def test_random_weights_are_not_called_selective(labeled):
     path, pattern = labeled
-    subject, random = subjects(pattern, planted=False)
+    subject, controls = subjects(pattern, planted=False)
     with HDF5Source(path, shuffle=False, preprocess="none", prefetch=False) as src:
-        report, _ = experiment.run(subject, [random], src, k=10, seed=0, stimulus_steps=5)
-    assert not report["selective"]  # the same random network as its control: no margin
+        report, _ = experiment.run(subject, controls, src, k=10, seed=0, stimulus_steps=5)
+        assert report["selective"] is False  # the same random network as its control: no margin
+        undecided, _ = experiment.run(subject, controls[:1], src, k=10, seed=0, stimulus_steps=0)
+        assert undecided["selective"] is None and undecided["missing_controls"] == ["no_faces"]
     mean_face = next(r for r in report["rows"] if r["name"] == "mean_face")
     assert mean_face["test_balanced_acc_mean"] > 0.7  # the template (from ~20 noisy faces) sees the planted pattern
+
+
+def test_labels_are_checked_before_scoring(tmp_path):
+    from cotsdl.evaluate.experiment import label_error
+
+    assert label_error("f.h5", np.array([0, 1, 0, 1])) is None
+    assert "found [2]" in label_error("f.h5", np.array([0, 1, 2, 1]))
+    assert "got 1 face(s) and 3 distractor(s)" in label_error("f.h5", np.array([0, 1, 0, 0]))
+    assert "got 4 face(s) and 0 distractor(s)" in label_error("f.h5", np.ones(4, int))
