@@ -1,4 +1,8 @@
-"""The ``cotsdl`` command line.
+"""cotsdl: large locally-connected sparse autoencoders trained by model parallelism over MPI.
+
+The usual path: ``prepare-data`` (HDF5 images), ``inspect`` (is a file valid for a
+config?), ``train CONFIG`` (a resumable run folder), ``evaluate RUN`` (face selectivity
+with controls, figures and a report).
 
 Run multi-rank commands as ``mpiexec -n P python -m mpi4py -m cotsdl ...`` so that
 an exception on one rank aborts every rank instead of leaving the others waiting.
@@ -14,7 +18,8 @@ def _parser() -> argparse.ArgumentParser:
     from .. import __version__  # noqa: PLC0415
     from . import evaluate, inspect_cmd, prepare, train  # noqa: PLC0415
 
-    p = argparse.ArgumentParser(prog="cotsdl", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="cotsdl", description=__doc__.split("\n\n")[0] + " " + " ".join(
+        __doc__.split("\n\n")[1].split()).replace("``", "") + " Multi-rank: mpiexec -n P python -m mpi4py -m cotsdl COMMAND ...")
     p.add_argument("--version", action="version", version=f"cotsdl {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     prepare.add_parser(sub)
