@@ -78,6 +78,9 @@ class GreedyTrainer:
         a JSON line to ``metrics_file``.
     max_bad_steps : int
         Consecutive non-finite steps (skipped) after which training stops.
+    overwrite : bool
+        Allow a new run in a ``checkpoint_dir`` that holds checkpoints already (refused
+        by default: ``keep`` would prune them).  ``resume`` continues a run in place.
     should_stop : callable or None
         Asked on every rank after every step; when it returns True on any rank, every
         rank writes a checkpoint (with ``checkpoint_dir``) and raises
@@ -88,7 +91,8 @@ class GreedyTrainer:
                  replicas: int = 1, grid: Sequence[int] | None = None, lam: float = 0.1, tied: bool = True,
                  seed: int = 0, dtype: Any = np.float32, checkpoint_dir: str | None = None,
                  checkpoint_every: int = 0, keep: int = 3, log_every: int = 10, metrics_file: str | None = None,
-                 max_bad_steps: int = 5, log=sys.stdout, should_stop: Callable[[], bool] | None = None):
+                 max_bad_steps: int = 5, log=sys.stdout, should_stop: Callable[[], bool] | None = None,
+                 overwrite: bool = False):
         err = None
         if tuple(getattr(data, "image_shape", ())) != network.input_shape:
             err = f"the data's images are {getattr(data, 'image_shape', None)}, the network takes {network.input_shape}"
@@ -103,6 +107,12 @@ class GreedyTrainer:
                 open(metrics_file, "a").close()
             except OSError as e:
                 err = f"metrics_file {metrics_file}: {e.strerror}"
+        if err is None and checkpoint_dir and not overwrite and comm.Get_rank() == 0:
+            found = checkpoint.latest(checkpoint_dir)
+            if found is not None:  # ``keep`` would prune another run's checkpoints
+                err = (f"checkpoint_dir {checkpoint_dir} already holds checkpoints (latest {found.name}): continue "
+                       "that run with GreedyTrainer.resume(...), or pass overwrite=True to train a new run there "
+                       "(its checkpoints are then pruned as the new ones come)")
         raise_collectively(comm, err)
         self.world, self.network, self.data = comm, network, data
         self.layout = split_replicas(comm, replicas, grid, extent=network.input_shape[:2])
@@ -187,8 +197,8 @@ class GreedyTrainer:
             ok = bool(self.world.allreduce(all(bool(self.xp.isfinite(p).all()) for p in params.values()), op=MPI.LAND))
             if not ok:
                 raise agreed(RuntimeError(f"training stopped: the update of stage {stage} step {self.stage_step} made the "
-                                   "weights non-finite (learning rate too large?); nothing was saved after it"
-                                   + (f", the last checkpoint in {self.checkpoint_dir} is intact" if self.checkpoint_dir else "")))
+                                   "weights non-finite (learning rate too large?); nothing was saved after it; "
+                                   + self._last_saved()))
         else:
             self.bad_in_row += 1
             self.skipped += 1
@@ -196,8 +206,9 @@ class GreedyTrainer:
                       f"({self.bad_in_row} in a row, {self.skipped} in all)")
             if self.bad_in_row >= self.max_bad_steps:
                 raise agreed(RuntimeError(f"training stopped: {self.bad_in_row} consecutive steps with a non-finite loss or "
-                                   f"gradient (stage {stage}, step {self.stage_step}); the last checkpoint is intact"
-                                   + (f" in {self.checkpoint_dir}" if self.checkpoint_dir else "")))
+                                   f"gradient (stage {stage}, step {self.stage_step}). Check the input (its scale: raw "
+                                   "pixels need preprocessing, e.g. data.preprocess = \"standardize\"; NaN pixels), "
+                                   f"then the learning rate; {self._last_saved()}"))
         self.position += self.batch * self.replicas
         self.stage_step += 1
         self.step += 1
@@ -267,6 +278,10 @@ class GreedyTrainer:
         if self.checkpoint_dir:
             saved = self.latest_checkpoint() if self._saved_step == self.step else self.save()
         raise TrainingInterrupted(self.step, saved)
+
+    def _last_saved(self) -> str:
+        last = self.latest_checkpoint()
+        return f"the last checkpoint, {last}, is intact" if last else "no checkpoint had been written yet"
 
     def latest_checkpoint(self) -> Path | None:
         return checkpoint.latest(self.checkpoint_dir) if self.checkpoint_dir else None
@@ -366,6 +381,7 @@ class GreedyTrainer:
                                f"the saved global batch {total} does not split over {replicas} replicas: pass batch=")
             batch = total // replicas
         kw.setdefault("checkpoint_dir", str(p.parent))
+        kw["overwrite"] = True  # the same run, continued
         tr = cls(Network.from_description(meta["network"]), data, optimizer, comm=comm, batch=batch,
                  replicas=replicas, grid=grid, lam=meta["lam"], tied=meta["tied"], seed=meta["seed"],
                  dtype=np.dtype(meta["dtype"]), **kw)

@@ -94,9 +94,27 @@ def test_non_finite_steps_are_skipped_then_stop(tmp_path):
     assert tr.skipped == 1 and all(np.all(np.isfinite(w)) for w in tr.params.values())
     tr.save()
     tr.data = NaNSource(imgs, bad=set(range(4, 100)))
-    with pytest.raises(RuntimeError, match="3 consecutive steps with a non-finite loss"):
+    with pytest.raises(RuntimeError, match="3 consecutive steps with a non-finite loss") as e:
         tr.train_stage(0, 10)
     assert (tmp_path / "ckpt-000000004" / "index.json").is_file()
+    assert "Check the input" in str(e.value) and "ckpt-000000004, is intact" in str(e.value)
+    fresh = GreedyTrainer(net, NaNSource(imgs, bad=set(range(100))), Momentum(0.01), comm=MPI.COMM_SELF, batch=4,
+                          log_every=0, max_bad_steps=2, log=open(os.devnull, "w"))
+    with pytest.raises(RuntimeError, match="no checkpoint had been written yet"):
+        fresh.train_stage(0, 5)
+
+
+def test_a_new_run_does_not_prune_another_runs_checkpoints(tmp_path):
+    tr = small_trainer(tmp_path)
+    tr.train_stage(0, 1)
+    tr.save()
+    with pytest.raises(ValueError, match=r"already holds checkpoints \(latest ckpt-000000001\)"):
+        small_trainer(tmp_path)
+    assert (tmp_path / "ckpt-000000001" / "index.json").is_file()
+    again = small_trainer(tmp_path, overwrite=True, keep=1)  # asked for: the old run's checkpoints go
+    again.train_stage(0, 2)
+    again.save()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-000000002"]
 
 
 def test_metrics_and_log_lines(tmp_path):
