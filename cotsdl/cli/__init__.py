@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             return _bench_emulator(args)
         if args.command == "bench" and args.bench == "layers":
             return _bench_layers(args)
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, OSError) as e:
         # Validation is collective, so every rank arrives here with the same error:
         # report it once and let every rank exit non-zero (no rank is left waiting).
         rank, collective = _rank(), getattr(e, "collective", False)

@@ -75,6 +75,29 @@ def latest(folder: str | os.PathLike) -> Path | None:
     return done[-1] if done else None
 
 
+def destination_error(folder: str | os.PathLike, need: int) -> str | None:
+    """Why checkpoints of ``need`` bytes cannot be written into ``folder`` (made if missing); else None."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".cotsdl-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+        free = shutil.disk_usage(folder).free
+    except OSError as e:
+        return f"checkpoint folder {folder} cannot be written: {e.strerror or e}"
+    if free < need:
+        return f"checkpoint folder {folder}: a checkpoint needs about {_size(need)}, only {_size(free)} are free"
+    return None
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
 def save(folder: str | os.PathLike, step: int, comm: MPI.Comm, arrays: dict[str, tuple[tuple[int, ...], Box, np.ndarray]],
          meta: dict[str, Any], writer: bool = True, keep: int = 3) -> Path:
     """Write a checkpoint (collective over ``comm``); return its folder.
@@ -114,7 +137,12 @@ def save(folder: str | os.PathLike, step: int, comm: MPI.Comm, arrays: dict[str,
             os.replace(tmp, partial / fname)
         except Exception as e:  # noqa: BLE001 - every rank must learn of it
             err = f"cannot write checkpoint file {partial / fname}: {type(e).__name__}: {e}"
-    raise_collectively(comm, err, OSError)
+    try:
+        raise_collectively(comm, err, OSError)
+    except OSError:
+        if rank == 0:  # a full disk must not stay full of a checkpoint that will never be committed
+            shutil.rmtree(partial, ignore_errors=True)
+        raise
     all_pieces = comm.gather(pieces, root=0)
     shapes = {name: list(shape) for name, (shape, _, _) in arrays.items()}
     if rank == 0:

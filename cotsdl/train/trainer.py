@@ -114,6 +114,10 @@ class GreedyTrainer:
                        "that run with GreedyTrainer.resume(...), or pass overwrite=True to train a new run there "
                        "(its checkpoints are then pruned as the new ones come)")
         raise_collectively(comm, err)
+        if checkpoint_dir:  # checked now, not at the first checkpoint after real work
+            need = self._checkpoint_bytes(network, optimizer, np.dtype(dtype), tied)
+            raise_collectively(comm, checkpoint.destination_error(checkpoint_dir, need)
+                               if comm.Get_rank() == 0 else None, OSError)
         self.world, self.network, self.data = comm, network, data
         self.layout = split_replicas(comm, replicas, grid, extent=network.input_shape[:2])
         self.plan = NetworkPlan(network, self.layout.grid, int(batch), dtype)
@@ -134,6 +138,15 @@ class GreedyTrainer:
         self.history: list[dict[str, Any]] = []
         self.should_stop = should_stop
         self._is_root = comm.Get_rank() == 0
+
+    @staticmethod
+    def _checkpoint_bytes(network: Network, optimizer: Optimizer, dtype: np.dtype, tied: bool) -> int:
+        """The size of one checkpoint: every layer's weights (twice untied) and the largest
+        stage's optimizer slots."""
+        sizes = [int(np.prod(network.layers[li].weight_shape(network.shapes[li] + (1,))))
+                 for li in network.filter_layers()]
+        slots = len(optimizer.slots)  # momentum 1, Adam 2, plain SGD 0
+        return dtype.itemsize * ((1 if tied else 2) * sum(sizes) + slots * (1 if tied else 2) * max(sizes))
 
     # -- inspection -------------------------------------------------------------
     @property

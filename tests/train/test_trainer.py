@@ -259,3 +259,16 @@ def test_a_short_batch_is_reported_clearly():
     tr = small_trainer(data=Short(np.random.default_rng(0).standard_normal((20, 24, 24, 1))))
     with pytest.raises(RuntimeError, match="the source returned shape"):
         tr.train_stage(0, 1)
+
+
+def test_checkpoint_destinations_are_checked_before_training(tmp_path, monkeypatch):
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(OSError, match="checkpoint folder .*afile/ck cannot be written"):
+        small_trainer(tmp_path / "afile" / "ck")
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 30, 1 << 30, 1000))
+    with pytest.raises(OSError, match=r"a checkpoint needs about [0-9.]+ [KM]iB, only 1000 bytes are free"):
+        small_trainer(tmp_path / "ck")
