@@ -88,3 +88,13 @@ def test_check_kernels_command():
     res = subprocess.run([sys.executable, "-m", "cotsdl", "check-kernels"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "with no spills" in res.stdout and "pack_box_f32" in res.stdout
+
+
+@pytest.mark.timeout(120)
+def test_ranks_given_different_arguments_fail_without_hanging():
+    base = [sys.executable, "-m", "mpi4py", "-m", "cotsdl", "bench", "exchange", "--shape", "8", "8", "1", "1",
+            "--repeats", "1", "--halos"]
+    cmd = [MPIEXEC, "-n", "1", *base, "1", ":", "-n", "1", *base, "1", "2"]  # MPMD: each rank its own command line
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env={**os.environ, "MPIEXEC_TIMEOUT": "60"})
+    assert res.returncode != 0
+    assert res.stderr.count("ranks disagree on halos: rank 0: [1], rank 1: [1, 2]") == 1, res.stderr

@@ -30,3 +30,23 @@ def agreed(exc: Exception) -> Exception:
     end MPI cleanly instead of aborting, and report it once."""
     exc.collective = True
     return exc
+
+
+def agree(comm: MPI.Comm, **values) -> None:
+    """Raise the same ``ValueError`` on every rank unless every rank passes equal ``values``.
+
+    A collective entry point whose arguments differ between ranks (another step count,
+    path or seed on one rank) would otherwise hang or train inconsistently; one small
+    allgather of plain data settles it.  Every rank must pass the same keys.
+    """
+    everyone = comm.allgather(values)
+    for key in values:
+        seen = [v[key] for v in everyone]
+        if any(s != seen[0] for s in seen):
+            shown = ", ".join(f"rank {r}: {_short(s)}" for r, s in enumerate(seen) if r < 8)
+            raise agreed(ValueError(f"ranks disagree on {key}: {shown}"))
+
+
+def _short(value, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

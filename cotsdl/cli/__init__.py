@@ -83,10 +83,12 @@ def _bench_exchange(args) -> int:
     import numpy as np  # noqa: PLC0415
     from mpi4py import MPI  # noqa: PLC0415
 
-    from ..array.collective import raise_collectively  # noqa: PLC0415
+    from ..array.collective import agree, raise_collectively  # noqa: PLC0415
     from ..bench import common, exchange  # noqa: PLC0415
 
     comm = MPI.COMM_WORLD  # the program's world: the library itself always takes a communicator
+    agree(comm, shape=args.shape, halos=args.halos, grid=args.grid, dtype=args.dtype, repeats=args.repeats,
+          warmup=args.warmup, json=args.json)
     raise_collectively(comm, common.check_output_path(args.json) if comm.Get_rank() == 0 else None)
     res = exchange.run(comm, args.shape, args.halos, args.grid, np.dtype(args.dtype), args.repeats, args.warmup)
     if args.json and comm.Get_rank() == 0:

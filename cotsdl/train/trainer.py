@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 from .. import backend
 from ..array.collect import gather
-from ..array.collective import agreed, raise_collectively
+from ..array.collective import agree, agreed, raise_collectively
 from ..array.distarray import DistArray
 from ..array.grid import split_replicas
 from ..io import checkpoint
@@ -114,6 +114,13 @@ class GreedyTrainer:
                        "that run with GreedyTrainer.resume(...), or pass overwrite=True to train a new run there "
                        "(its checkpoints are then pruned as the new ones come)")
         raise_collectively(comm, err)
+        agree(comm, network=network.describe(), batch=int(batch), replicas=replicas,
+              grid=None if grid is None else [int(v) for v in grid], lam=float(lam), tied=bool(tied), seed=int(seed),
+              dtype=np.dtype(dtype).name, checkpoint_dir=checkpoint_dir, checkpoint_every=int(checkpoint_every),
+              keep=int(keep), max_bad_steps=int(max_bad_steps), overwrite=bool(overwrite),
+              optimizer=(type(optimizer).__name__, schedules_describe(optimizer.schedule), optimizer.hyper()),
+              data=(tuple(data.image_shape), len(data) if hasattr(data, "__len__") else None,
+                    getattr(data, "seed", None)))
         if checkpoint_dir:  # checked now, not at the first checkpoint after real work
             need = self._checkpoint_bytes(network, optimizer, np.dtype(dtype), tied)
             raise_collectively(comm, checkpoint.destination_error(checkpoint_dir, need)
@@ -247,6 +254,7 @@ class GreedyTrainer:
     def train_stage(self, stage: int, steps: int | None = None, *, epochs: float | None = None) -> list[dict[str, Any]]:
         """Train ``stage`` for ``steps`` more steps, or ``epochs`` passes over the data
         (the stages below it are frozen)."""
+        agree(self.world, stage=stage, steps=steps, epochs=epochs)
         if (steps is None) == (epochs is None):
             raise ValueError("give exactly one of steps= and epochs=")
         if epochs is not None:
@@ -301,6 +309,7 @@ class GreedyTrainer:
 
     def train(self, steps_per_stage: Sequence[int]) -> None:
         """Train every stage from the current one on; a resumed run finishes the current stage first."""
+        agree(self.world, steps_per_stage=[int(v) for v in steps_per_stage])
         if len(steps_per_stage) != len(self.network.stages):
             raise ValueError(f"steps_per_stage needs {len(self.network.stages)} entries, got {len(steps_per_stage)}")
         for k in range(self.stage, len(self.network.stages)):
@@ -374,6 +383,7 @@ class GreedyTrainer:
         ``trainer.optimizer`` afterwards to alter them); the data stream continues at
         the saved position.
         """
+        agree(comm, path=str(path), batch=batch, replicas=replicas, grid=None if grid is None else list(grid))
         p = Path(path)
         if not (p / "index.json").is_file():
             found = checkpoint.latest(p)
