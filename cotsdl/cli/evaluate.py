@@ -36,9 +36,12 @@ def _load_run(run: Path) -> tuple[dict[str, Any], Path, dict[str, Any]]:
     if not (run / "config.toml").is_file():
         raise ValueError(f"{run} is not a run folder of cotsdl train (no config.toml)")
     cfg = cfgmod.load(run / "config.toml")
-    ckpt = checkpoint.latest(run / "checkpoints")
+    ckpt, skipped = checkpoint.latest_verified(run / "checkpoints")
     if ckpt is None:
-        raise ValueError(f"{run} has no complete checkpoint yet: train it first (cotsdl train CONFIG)")
+        raise ValueError(f"{run} has no complete checkpoint" + (f" that verifies ({'; '.join(skipped)})" if skipped
+                                                               else " yet: train it first (cotsdl train CONFIG)"))
+    for line in skipped:
+        print(f"warning: checkpoint {line}", file=sys.stderr)
     return cfg, ckpt, checkpoint.read_index(ckpt)["meta"]
 
 

@@ -120,13 +120,13 @@ def _inspect_run(folder: Path, cfg: dict[str, Any], network_desc: dict[str, Any]
     if names and "config.toml" not in names:
         return (f"run.folder {folder} is not empty and holds no config.toml, so it is not a cotsdl run folder "
                 f"(it holds: {', '.join(sorted(names)[:5])}); choose another run.folder"), None
-    latest = checkpoint.latest(folder / "checkpoints")
+    latest, skipped = checkpoint.latest_verified(folder / "checkpoints", deep=False)  # the trainer checks sums
     if latest is None:
+        if skipped:  # never start over silently on top of a run's damaged checkpoints
+            return (f"run.folder {folder}: no checkpoint can be resumed: " + "; ".join(skipped)
+                    + ". Move them away to start the run again"), None
         return None, None
-    try:
-        meta = checkpoint.read_index(latest)["meta"]
-    except (OSError, ValueError, KeyError) as e:
-        return f"cannot read {latest / 'index.json'}: {e}", None
+    meta = checkpoint.read_index(latest)["meta"]
     # what defines the model cannot change within a run (lam, the optimizer's settings, steps can)
     saved = {"network": meta["network"], "train": {"tied": meta["tied"], "dtype": meta["dtype"]}}
     given = {"network": network_desc, "train": {"tied": cfg["train"]["tied"], "dtype": cfg["train"]["dtype"]}}

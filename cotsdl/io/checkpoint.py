@@ -12,6 +12,7 @@ JSON.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -120,7 +121,8 @@ def save(folder: str | os.PathLike, step: int, comm: MPI.Comm, arrays: dict[str,
         except OSError as e:
             err = f"cannot create checkpoint folder {partial}: {e}"
     raise_collectively(comm, err, OSError)
-    pieces = []
+    pieces: list[dict[str, Any]] = []
+    files: dict[str, dict[str, Any]] = {}
     if writer:
         fname = f"rank{rank:05d}.h5"
         tmp = partial / (fname + ".tmp")
@@ -135,6 +137,7 @@ def save(folder: str | os.PathLike, step: int, comm: MPI.Comm, arrays: dict[str,
             with open(tmp, "rb+") as fh:
                 os.fsync(fh.fileno())
             os.replace(tmp, partial / fname)
+            files[fname] = _digest(partial / fname)
         except Exception as e:  # noqa: BLE001 - every rank must learn of it
             err = f"cannot write checkpoint file {partial / fname}: {type(e).__name__}: {e}"
     try:
@@ -143,14 +146,15 @@ def save(folder: str | os.PathLike, step: int, comm: MPI.Comm, arrays: dict[str,
         if rank == 0:  # a full disk must not stay full of a checkpoint that will never be committed
             shutil.rmtree(partial, ignore_errors=True)
         raise
-    all_pieces = comm.gather(pieces, root=0)
+    gathered = comm.gather((pieces, files), root=0)
     shapes = {name: list(shape) for name, (shape, _, _) in arrays.items()}
     if rank == 0:
         try:
             done = completed(folder)
             generation = (_generation(done[-1])[0] + 1) if done else 1
             _write_json(partial / "index.json", {"step": step, "generation": generation, "meta": meta,
-                                                 "shapes": shapes, "pieces": [p for ps in all_pieces for p in ps]})
+                                                 "shapes": shapes, "pieces": [p for ps, _ in gathered for p in ps],
+                                                 "files": {k: v for _, fs in gathered for k, v in fs.items()}})
             _fsync_dir(partial)
             trash = None
             if final.exists():  # the same step saved again: swap, never delete first
@@ -181,9 +185,70 @@ def _recover_replaced(folder: Path) -> None:
 
 
 def read_index(path: str | os.PathLike) -> dict[str, Any]:
+    """The index of a checkpoint; ``ValueError`` naming the file when it is missing or damaged."""
+    path = Path(path) / "index.json"
+    try:
+        with open(path) as f:
+            index = json.load(f)
+    except OSError as e:
+        raise ValueError(f"{path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise ValueError(f"{path} is damaged (not JSON: {e})") from None
+    missing = [k for k in ("step", "meta", "shapes", "pieces") if not isinstance(index, dict) or k not in index]
+    if missing:
+        raise ValueError(f"{path} is damaged (no {', '.join(missing)})")
+    return index
+
+
+def _digest(path: Path) -> dict[str, Any]:
+    h, n = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+            n += len(chunk)
+    return {"size": n, "sha256": h.hexdigest()}
+
+
+def verify(path: str | os.PathLike, comm: MPI.Comm | None = None, deep: bool = True) -> str | None:
+    """Why checkpoint ``path`` cannot be trusted (damaged index, a shard missing, of the wrong size or,
+    with ``deep``, checksum); None when it verifies.  With ``comm``, the ranks share the shards to check."""
     path = Path(path)
-    with open(path / "index.json") as f:
-        return json.load(f)
+    rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
+    try:
+        index = read_index(path)
+        reason = None
+    except ValueError as e:
+        index, reason = None, str(e)
+    if index is not None:
+        recorded = index.get("files", {})  # checkpoints of older versions record no sizes
+        for name in sorted({p["file"] for p in index["pieces"]})[rank::size]:
+            f = path / name
+            if not f.is_file():
+                reason = f"shard {f} is missing"
+            elif name in recorded and f.stat().st_size != recorded[name]["size"]:
+                reason = f"shard {f} has {f.stat().st_size} bytes, {recorded[name]['size']} were written"
+            elif name in recorded and deep and _digest(f)["sha256"] != recorded[name]["sha256"]:
+                reason = f"shard {f} does not match its checksum"
+            if reason:
+                break
+    if comm is not None:
+        reason = next((r for r in comm.allgather(reason) if r), None)
+    return reason
+
+
+def latest_verified(folder: str | os.PathLike, comm: MPI.Comm | None = None,
+                    deep: bool = True) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint that verifies, and why each newer (or unreadable) one was skipped."""
+    folder = Path(folder)
+    done = completed(folder)
+    unreadable = [p for p in done if _generation(p)[0] < 0]  # sorted first by their unknown generation
+    skipped = [f"{p.name} skipped: {verify(p, None, False)}" for p in unreadable]
+    for p in reversed([p for p in done if p not in unreadable]):
+        reason = verify(p, comm, deep)
+        if reason is None:
+            return p, skipped
+        skipped.append(f"{p.name} skipped: {reason}")
+    return None, skipped
 
 
 def load(path: str | os.PathLike, comm: MPI.Comm, wanted: dict[str, Box], dtype: Any = None) -> dict[str, np.ndarray]:

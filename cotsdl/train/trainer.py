@@ -385,10 +385,15 @@ class GreedyTrainer:
         """
         agree(comm, path=str(path), batch=batch, replicas=replicas, grid=None if grid is None else list(grid))
         p = Path(path)
-        if not (p / "index.json").is_file():
-            found = checkpoint.latest(p)
-            raise_collectively(comm, None if found else f"no completed checkpoint in {p}")
+        skipped: list[str] = []
+        if not (p / "index.json").is_file():  # a folder of checkpoints: the newest one that verifies
+            found, skipped = checkpoint.latest_verified(p, comm)
+            raise_collectively(comm, None if found else f"no completed checkpoint that verifies in {p}"
+                               + "".join(f"; {s}" for s in skipped))
             p = found
+        else:
+            reason = checkpoint.verify(p, comm)
+            raise_collectively(comm, None if reason is None else f"cannot resume from {p}: {reason}")
         meta = checkpoint.read_index(p)["meta"]
         saved_grid = tuple(meta["grid"])
         if grid is None and replicas is None and comm.Get_size() == meta["replicas"] * saved_grid[0] * saved_grid[1]:
@@ -444,5 +449,7 @@ class GreedyTrainer:
             if given != (state["schedule"], state["hyper"]):
                 tr._say("note: the saved optimizer schedule and hyper-parameters are restored "
                         f"({state['schedule']}, {state['hyper']}), not the ones of the optimizer given")
+        for line in skipped:
+            tr._say(f"warning: checkpoint {line}")
         tr._say(f"resumed from {p}: stage {tr.stage}, step {tr.stage_step} of the stage, global step {tr.step}")
         return tr

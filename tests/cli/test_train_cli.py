@@ -279,3 +279,20 @@ def test_inspect(setup):
     missing = subprocess.run([sys.executable, "-m", "cotsdl", "inspect", str(tmp / "zz.h5")], capture_output=True,
                              text=True, timeout=60)
     assert missing.returncode == 2 and "zz.h5: no such file" in missing.stderr and "Traceback" not in missing.stderr
+
+
+@pytest.mark.timeout(300)
+def test_damaged_checkpoints_are_skipped_or_refused(setup):
+    tmp, make = setup
+    cfg = make(steps=4, every=2)
+    assert cotsdl("train", str(cfg)).returncode == 0
+    ckpts = sorted((tmp / "run" / "checkpoints").glob("ckpt-*"))
+    shard = ckpts[-1] / "rank00000.h5"
+    shard.write_bytes(shard.read_bytes()[:100])
+    res = cotsdl("train", str(cfg), "--set", "train.steps=[4, 5]")
+    assert res.returncode == 0, res.stderr
+    assert f"{ckpts[-1].name} skipped: shard" in res.stdout and f"resumed from {ckpts[-2]}" in res.stdout
+    for c in (tmp / "run" / "checkpoints").glob("ckpt-*"):
+        (c / "rank00001.h5").write_bytes(b"")
+    res = cotsdl("train", str(cfg), "--set", "train.steps=[4, 6]")
+    assert res.returncode == 2 and res.stderr.count("no checkpoint can be resumed") == 1

@@ -272,3 +272,46 @@ def test_checkpoint_destinations_are_checked_before_training(tmp_path, monkeypat
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 30, 1 << 30, 1000))
     with pytest.raises(OSError, match=r"a checkpoint needs about [0-9.]+ [KM]iB, only 1000 bytes are free"):
         small_trainer(tmp_path / "ck")
+
+
+@pytest.mark.parametrize("damage, reason", [
+    ("truncate", r"rank00000.h5 has \d+ bytes, \d+ were written"),
+    ("flip", "rank00000.h5 does not match its checksum"),
+    ("delete", "rank00000.h5 is missing"),
+    ("index", r"index.json is damaged \(not JSON"),
+])
+def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(tmp_path, damage, reason):
+    import io
+    import re
+
+    tr = small_trainer(tmp_path)
+    for _ in range(2):
+        tr.train_stage(0, 1)
+        tr.save()  # steps 1 and 2
+    latest = tmp_path / "ckpt-000000002"
+    shard = latest / "rank00000.h5"
+    data = shard.read_bytes()
+    if damage == "truncate":
+        shard.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        shard.write_bytes(data[:-64] + bytes(b ^ 0xFF for b in data[-64:]))
+    elif damage == "delete":
+        shard.unlink()
+    else:
+        (latest / "index.json").write_text('{"step": 2, "meta": ')
+    log = io.StringIO()
+    again = GreedyTrainer.resume(str(tmp_path), tr.data, Momentum(0.01), comm=MPI.COMM_SELF, log=log)
+    assert again.step == 1  # the newest checkpoint that verifies
+    assert re.search("ckpt-000000002 skipped: .*" + reason, log.getvalue()), log.getvalue()
+    if damage != "index":
+        with pytest.raises(ValueError, match="cannot resume from .*ckpt-000000002: .*" + reason):
+            GreedyTrainer.resume(str(latest), tr.data, Momentum(0.01), comm=MPI.COMM_SELF, log=log)
+    again.train_stage(0, 1)
+    again.save()  # step 2 again: the damaged one is replaced
+    assert checkpoint_ok(tmp_path / "ckpt-000000002")
+
+
+def checkpoint_ok(path):
+    from cotsdl.io import checkpoint
+
+    return checkpoint.verify(path) is None
