@@ -19,7 +19,7 @@ from ..array.box import Box
 from ..array.rfmap import RFMap
 from ..ops import costs
 from ..ops import normalization as _lcn
-from ..ops._args import pair
+from ..ops._args import pair, real
 
 Reduce = Callable[[np.ndarray], np.ndarray]
 
@@ -54,7 +54,7 @@ class LocalFilter:
         object.__setattr__(self, "size", pair("filter size", self.size))
         object.__setattr__(self, "stride", pair("filter stride", self.stride))
         object.__setattr__(self, "block", pair("filter block", self.block))
-        if not isinstance(self.channels, (int, np.integer)) or self.channels < 1:
+        if not isinstance(self.channels, (int, np.integer)) or isinstance(self.channels, bool) or self.channels < 1:
             raise ValueError(f"filter channels must be a positive integer, got {self.channels!r}")
 
     @property
@@ -105,7 +105,7 @@ class L2Pool:
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", pair("pool size", self.size))
         object.__setattr__(self, "stride", pair("pool stride", self.stride))
-        if not float(self.eps) >= 0:
+        if not real("pool eps", self.eps) >= 0:
             raise ValueError(f"pool eps must be >= 0, got {self.eps!r}")
 
     @property
@@ -145,11 +145,12 @@ class LCN:
     kind: str = field(default="lcn", init=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.size, (int, np.integer)) or self.size < 1 or self.size % 2 == 0:
+        if (not isinstance(self.size, (int, np.integer)) or isinstance(self.size, bool) or self.size < 1
+                or self.size % 2 == 0):
             raise ValueError(f"lcn size must be an odd positive integer, got {self.size!r}")
-        if not float(self.sigma) > 0:
+        if not real("lcn sigma", self.sigma) > 0:
             raise ValueError(f"lcn sigma must be > 0, got {self.sigma!r}")
-        if not float(self.eps) >= 0:
+        if not real("lcn eps", self.eps) >= 0:
             raise ValueError(f"lcn eps must be >= 0, got {self.eps!r}")
 
     @property

@@ -15,7 +15,9 @@ Python data (the same data a config file will hold)::
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import difflib
+from dataclasses import MISSING, asdict, dataclass
+from dataclasses import fields as dataclass_fields
 from typing import Any, Sequence
 
 import numpy as np
@@ -65,15 +67,30 @@ class Network:
 
     @classmethod
     def from_description(cls, desc: dict[str, Any]) -> "Network":
-        try:
-            stages = [Stage(LocalFilter(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in s["filter"].items()}),
-                            L2Pool(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in s["pool"].items()}),
-                            LCN(**s["lcn"]))
-                      for s in desc["stages"]]
-            return cls(desc["input"], stages)
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"bad network description: {e!r}; expected {{'input': [H, W, C], 'stages': "
-                             "[{'filter': {...}, 'pool': {...}, 'lcn': {...}}, ...]}") from e
+        """A network from plain data; every key is checked (unknown or missing keys and wrong
+        types are errors naming the key path, e.g. ``stages[1].filter.stride``)."""
+        shape = "expected {'input': [H, W, C], 'stages': [{'filter': {...}, 'pool': {...}, 'lcn': {...}}, ...]}"
+        _keys("network", desc, {"input", "stages"}, {"input", "stages"}, shape)
+        if not isinstance(desc["stages"], (list, tuple)):
+            raise ValueError(f"bad network description: stages must be a list, got {desc['stages']!r}")
+        inp = desc["input"]
+        if not isinstance(inp, (list, tuple)) or len(inp) != 3 or not all(
+                isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in inp):
+            raise ValueError(f"bad network description: input must be [H, W, C] integers, got {inp!r}")
+        stages = []
+        for i, s in enumerate(desc["stages"]):
+            _keys(f"stages[{i}]", s, {"filter", "pool", "lcn"}, {"filter", "pool", "lcn"}, shape)
+            layers = []
+            for kind, cls_ in (("filter", LocalFilter), ("pool", L2Pool), ("lcn", LCN)):
+                fields = {f.name for f in dataclass_fields(cls_) if f.init}
+                required = {f.name for f in dataclass_fields(cls_) if f.init and f.default is MISSING}
+                _keys(f"stages[{i}].{kind}", s[kind], fields, required, f"{kind} keys: {', '.join(sorted(fields))}")
+                try:
+                    layers.append(cls_(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in s[kind].items()}))
+                except ValueError as e:
+                    raise ValueError(f"bad network description: stages[{i}].{kind}: {e}") from None
+            stages.append(Stage(*layers))
+        return cls(inp, stages)
 
     def describe(self) -> dict[str, Any]:
         def clean(layer):
@@ -90,6 +107,18 @@ class Network:
 
     def __repr__(self) -> str:
         return f"Network(input={self.input_shape}, {len(self.stages)} stage(s), output={self.output_shape()})"
+
+
+def _keys(path: str, d: Any, allowed: set[str], required: set[str], hint: str) -> None:
+    if not isinstance(d, dict):
+        raise ValueError(f"bad network description: {path} must be a dict, got {d!r}; {hint}")
+    unknown, missing = sorted(set(d) - allowed), sorted(required - set(d))
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], sorted(allowed), n=1)
+        raise ValueError(f"bad network description: unknown key {path}.{unknown[0]}"
+                         + (f"; did you mean '{near[0]}'?" if near else f"; {hint}"))
+    if missing:
+        raise ValueError(f"bad network description: {path} needs {', '.join(missing)}; {hint}")
 
 
 def init_weights(layer: LocalFilter, in_shape: Sequence[int], sites: Box, seed: int, layer_index: int,

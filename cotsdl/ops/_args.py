@@ -8,15 +8,25 @@ import numpy as np
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+def _integral(v: Any) -> bool:
+    """An integer, not a bool, a string or a float with a fraction (5.7 must not become 5)."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
 def pair(name: str, value: Any, minimum: int = 1) -> tuple[int, int]:
     """A pair of ints >= ``minimum`` (an int means the same value twice)."""
-    try:
-        t = (int(value), int(value)) if np.isscalar(value) else tuple(int(v) for v in value)
-    except (TypeError, ValueError):
-        t = ()
-    if len(t) != 2 or min(t) < minimum:
+    items = [value, value] if np.isscalar(value) else (list(value) if isinstance(value, (list, tuple, np.ndarray))
+                                                       else [])
+    if len(items) != 2 or not all(_integral(v) for v in items) or min(items) < minimum:
         raise ValueError(f"{name} must be a pair of integers >= {minimum}, got {value!r}")
-    return t  # type: ignore[return-value]
+    return int(items[0]), int(items[1])
+
+
+def real(name: str, value: Any) -> float:
+    """A real number (not a string: "0.01" in a description is a mistake to report, not to coerce)."""
+    if isinstance(value, (bool, np.bool_, str, bytes)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    return float(value)
 
 
 def activations(name: str, x: Any, ndim: int = 4) -> None:
@@ -36,7 +46,7 @@ def same_dtype(**arrays: Any) -> np.dtype:
 
 
 def nonneg(name: str, value: Any) -> float:
-    v = float(value)
+    v = real(name, value)
     if not v >= 0:
         raise ValueError(f"{name} must be >= 0, got {value!r}")
     return v

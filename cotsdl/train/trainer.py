@@ -102,6 +102,11 @@ class GreedyTrainer:
             err = f"batch must be a positive integer, got {batch!r}"
         elif not float(lam) >= 0:
             err = f"lam must be >= 0, got {lam!r}"
+        elif bad := next((f"{k} must be an integer >= {lo}, got {v!r}" for k, v, lo in (
+                ("checkpoint_every", checkpoint_every, 0), ("keep", keep, 1), ("log_every", log_every, 0),
+                ("max_bad_steps", max_bad_steps, 1), ("seed", seed, 0))
+                if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo), None):
+            err = bad
         elif metrics_file and comm.Get_rank() == 0:
             try:
                 open(metrics_file, "a").close()
@@ -257,6 +262,10 @@ class GreedyTrainer:
         agree(self.world, stage=stage, steps=steps, epochs=epochs)
         if (steps is None) == (epochs is None):
             raise ValueError("give exactly one of steps= and epochs=")
+        if steps is not None and (not isinstance(steps, (int, np.integer)) or isinstance(steps, bool) or steps < 0):
+            raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
+        if epochs is not None and not (isinstance(epochs, (int, float)) and not isinstance(epochs, bool) and epochs >= 0):
+            raise ValueError(f"epochs must be a number >= 0, got {epochs!r}")
         if epochs is not None:
             if not hasattr(self.data, "__len__"):
                 raise ValueError("epochs= needs a data source with a length (len(data)); give steps= instead")

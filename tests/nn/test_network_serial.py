@@ -38,6 +38,26 @@ def test_bad_descriptions_name_the_problem():
         LCN(4, 1.0)
 
 
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["stages"][0]["filter"].update(chanels=3), r"unknown key stages\[0\].filter.chanels; did you mean"),
+    (lambda d: d["stages"][0]["filter"].update(stride=[2.5, 2]), r"stages\[0\].filter: filter stride must be a pair "
+                                                                  r"of integers >= 1, got \(2.5, 2\)"),
+    (lambda d: d["stages"][0]["filter"].update(channels=5.7), "filter channels must be a positive integer, got 5.7"),
+    (lambda d: d["stages"][0]["pool"].update(eps="0.01"), "pool eps must be a number, got '0.01'"),
+    (lambda d: d["stages"][0]["lcn"].update(sigma="1"), "lcn sigma must be a number, got '1'"),
+    (lambda d: d["stages"][0]["lcn"].pop("sigma"), r"stages\[0\].lcn needs sigma"),
+    (lambda d: d.update(inputs=[8, 8, 1]), "unknown key network.inputs; did you mean 'input'"),
+    (lambda d: d.update(input=[12, 11.0, 2]), r"input must be \[H, W, C\] integers"),
+])
+def test_descriptions_are_not_coerced(change, message):
+    import copy
+
+    d = copy.deepcopy(DESC)
+    change(d)
+    with pytest.raises(ValueError, match=message):
+        Network.from_description(d)
+
+
 def test_layer_costs_follow_design():
     f = LocalFilter((8, 8), (4, 4), 16)
     c = f.cost((32, 32, 8, 64))["forward"]

@@ -315,3 +315,15 @@ def checkpoint_ok(path):
     from cotsdl.io import checkpoint
 
     return checkpoint.verify(path) is None
+
+
+@pytest.mark.parametrize("kw, message", [({"checkpoint_every": -1}, "checkpoint_every must be an integer >= 0"),
+                                         ({"keep": 0}, "keep must be an integer >= 1"),
+                                         ({"max_bad_steps": 2.5}, "max_bad_steps must be an integer >= 1")])
+def test_trainer_settings_are_not_coerced(kw, message):
+    with pytest.raises(ValueError, match=message):
+        small_trainer(**kw)
+    tr = small_trainer()
+    for steps in (-1, 2.5, "3"):
+        with pytest.raises(ValueError, match="steps must be an integer >= 0"):
+            tr.train_stage(0, steps)
