@@ -38,6 +38,7 @@ def test_bench_exchange_writes_table_and_json(tmp_path):
     (["--shape", "0", "4", "1", "1"], "--shape must be four positive integers"),
     (["--grid", "3", "1"], "grid 3x1 needs 3 ranks, the communicator has 2"),
     (["--halos", "-1"], "--halos must be non-negative"),
+    (["--json", "/tmp"], "--json /tmp is a folder: give a file name"),
 ])
 def test_bad_arguments_fail_on_every_rank_without_hanging(tmp_path, args, message):
     res = cotsdl("bench", "exchange", "--shape", "8", "8", "1", "1", "--repeats", "1", *args)

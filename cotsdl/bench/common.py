@@ -55,6 +55,8 @@ def check_output_path(path: str | None) -> str | None:
     if path is None:
         return None
     folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return f"--json {path} is a folder: give a file name (e.g. {os.path.join(path, 'results.json')})"
     if not os.path.isdir(folder):
         return f"--json {path}: folder {folder} does not exist"
     if not os.access(folder, os.W_OK):

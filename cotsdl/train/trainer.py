@@ -39,6 +39,13 @@ def _cupy():
     return cupy
 
 
+def _optimizer_name(kind: str, hyper: dict[str, Any]) -> str:
+    """SGD with momentum is the paper's Momentum: say so rather than "SGD"."""
+    if kind == "SGD" and hyper.get("momentum"):
+        return "Nesterov" if hyper.get("nesterov") else f"Momentum (SGD with momentum {hyper['momentum']})"
+    return kind
+
+
 class TrainingInterrupted(Exception):
     """Training stopped at a step boundary because ``should_stop`` asked for it on some rank.
 
@@ -448,7 +455,8 @@ class GreedyTrainer:
         if opt is not None:
             tr._begin_stage(tr.stage)
             err = None if opt["kind"] == type(tr.optimizer).__name__ else (
-                f"the checkpoint was trained with {opt['kind']}, the optimizer given is {type(tr.optimizer).__name__}")
+                f"the checkpoint was trained with {_optimizer_name(opt['kind'], opt['hyper'])}, the optimizer given "
+                f"is {_optimizer_name(type(tr.optimizer).__name__, tr.optimizer.hyper())}: resume with the same kind")
             raise_collectively(comm, err)
             state = {k: v for k, v in opt.items() if k != "slot_names"}
             state["slots"] = {n: {s: tr.xp.asarray(arrays[f"opt/{n}/{s}"]) for s in slots}

@@ -327,3 +327,11 @@ def test_trainer_settings_are_not_coerced(kw, message):
     for steps in (-1, 2.5, "3"):
         with pytest.raises(ValueError, match="steps must be an integer >= 0"):
             tr.train_stage(0, steps)
+
+
+def test_resume_with_another_optimizer_kind_names_both(tmp_path):
+    tr = small_trainer(tmp_path, opt=Momentum(0.01, 0.9))
+    tr.train_stage(0, 1)
+    tr.save()
+    with pytest.raises(ValueError, match=r"trained with Momentum \(SGD with momentum 0.9\), the optimizer given is Adam"):
+        GreedyTrainer.resume(str(tmp_path), tr.data, Adam(0.01), comm=MPI.COMM_SELF, log=open(os.devnull, "w"))
