@@ -1,0 +1,705 @@
+"""Bounded fault-injection suite for `cotsdl train`: python tests/reliability/run.py [NAME ...]
+
+Every case is a function run in a fresh temporary folder; every process it starts runs in
+its own session with a hard timeout (a hang is a failure, and its whole process group is
+killed).  One line per case, then one summary line:
+
+    reliability: N cases, N passed, 0 hangs, worst exit S s, B bytes lost
+
+worst exit: the longest time from a fault (or the start of a job given bad input) to the
+moment its last process was gone, over the cases that expect a failure.  bytes lost: bytes
+of committed checkpoints (``ckpt-*`` with ``index.json``) or dataset files that existed
+before a fault and were damaged or removed by it.  Exit status 0 only when every case
+passed with 0 hangs and 0 bytes lost.
+"""
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from cotsdl.io.dataset import write_dataset
+
+HERE = Path(__file__).resolve().parent
+PY = sys.executable
+MPIEXEC = os.path.join(os.path.dirname(PY), "mpiexec")
+if not os.path.exists(MPIEXEC):
+    MPIEXEC = shutil.which("mpiexec") or "mpiexec"
+JOB_TIMEOUT = 60  # seconds for any one process tree
+EXIT_LIMIT = 10.0  # seconds from a fault to the last rank's exit
+
+CONFIG = """
+[data]
+file = "{data}"
+batch = 4
+[network]
+input = [{size}, {size}, 1]
+[[network.stages]]
+filter = {{ size = [3, 3], stride = [1, 1], channels = {c0} }}
+pool = {{ size = [2, 2], stride = [2, 2], eps = 0.01 }}
+lcn = {{ size = 3, sigma = 1.0, eps = 0.001 }}
+[[network.stages]]
+filter = {{ size = [2, 2], stride = [1, 1], channels = {c1} }}
+pool = {{ size = [2, 2], stride = [1, 1], eps = 0.01 }}
+lcn = {{ size = 3, sigma = 1.0, eps = 0.001 }}
+[train]
+steps = [{steps}, {steps}]
+checkpoint_every = {every}
+keep = 20
+log_every = 1
+[train.optimizer]
+kind = "adam"
+lr = 0.002
+[run]
+folder = "{run}"
+backend = "numpy"
+"""
+
+
+class CaseFailed(Exception):
+    pass
+
+
+class Hang(Exception):
+    pass
+
+
+def check(cond, why):
+    if not cond:
+        raise CaseFailed(why)
+
+
+# ---------------------------------------------------------------- processes
+
+class Job:
+    """A process tree in its own session, output to files (no pipe can fill up)."""
+    live: list["Job"] = []
+
+    def __init__(self, cmd, cwd, name="job", env=None, preexec_fn=None):
+        self.out_path, self.err_path = Path(cwd) / f"{name}.out", Path(cwd) / f"{name}.err"
+        self._out, self._err = open(self.out_path, "w"), open(self.err_path, "w")
+        full_env = {**os.environ, "MPIEXEC_TIMEOUT": str(JOB_TIMEOUT), "OMP_NUM_THREADS": "1", **(env or {})}
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(cmd, cwd=cwd, stdout=self._out, stderr=self._err, env=full_env,
+                                     start_new_session=True, preexec_fn=preexec_fn)
+        self.pgid = self.proc.pid
+        self.rc = None
+        Job.live.append(self)
+
+    def group_alive(self):
+        try:
+            os.killpg(self.pgid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+    def kill(self):
+        try:
+            os.killpg(self.pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def wait(self, timeout=JOB_TIMEOUT + 15):
+        """Exit status; then waits until every process of the group is gone.  Returns when they are."""
+        deadline = self.t0 + timeout
+        try:
+            self.rc = self.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise Hang(f"{self.proc.args[:2]}... still running after {timeout} s")
+        while self.group_alive():
+            if time.monotonic() > deadline:
+                self.kill()
+                raise Hang("processes of the job outlived mpiexec")
+            time.sleep(0.01)
+        self.t_end = time.monotonic()
+        self._out.close()
+        self._err.close()
+        if self in Job.live:
+            Job.live.remove(self)
+        return self.rc
+
+    @property
+    def out(self):
+        return self.out_path.read_text(errors="replace")
+
+    @property
+    def err(self):
+        return self.err_path.read_text(errors="replace")
+
+    def ranks(self):
+        """{rank: pid} of the python processes under mpiexec (PMI_RANK from their environment)."""
+        found = {}
+        todo = [self.proc.pid]
+        seen = set()
+        while todo:
+            pid = todo.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            try:
+                kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+            except OSError:
+                kids = []
+            for k in map(int, kids):
+                todo.append(k)
+                try:
+                    env = Path(f"/proc/{k}/environ").read_bytes().split(b"\0")
+                    cmd = Path(f"/proc/{k}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if b"python" not in cmd:
+                    continue
+                for kv in env:
+                    if kv.startswith(b"PMI_RANK="):
+                        found[int(kv[9:])] = k
+        return found
+
+
+def cotsdl_job(tmp, args, ranks=2, name="job", preexec_fn=None):
+    cmd = [MPIEXEC, "-n", str(ranks), PY, "-m", "mpi4py", "-m", "cotsdl", *map(str, args)]
+    return Job(cmd, tmp, name, preexec_fn=preexec_fn)
+
+
+def cotsdl_run(tmp, args, ranks=2, name="job", preexec_fn=None):
+    j = cotsdl_job(tmp, args, ranks, name, preexec_fn)
+    j.wait()
+    return j
+
+
+# ---------------------------------------------------------------- bookkeeping
+
+class Ctx:
+    def __init__(self, tmp):
+        self.tmp = Path(tmp)
+        self.exit_time = None  # fault -> last exit, for cases that expect a failure
+        self.lost = 0
+
+    def note_exit(self, seconds):
+        self.exit_time = max(self.exit_time or 0.0, seconds)
+        check(seconds <= EXIT_LIMIT, f"the job took {seconds:.1f} s after the fault to end (limit {EXIT_LIMIT} s)")
+
+    def data(self, name="tiny.h5", n=40, size=12):
+        path = self.tmp / name
+        write_dataset(path, np.random.default_rng(0).integers(0, 256, (n, size, size), dtype=np.uint8))
+        return path
+
+    def config(self, name="c.toml", data=None, run="run", steps=6, every=4, size=12, c0=3, c1=2):
+        path = self.tmp / name
+        path.write_text(CONFIG.format(data=data or self.tmp / "tiny.h5", run=self.tmp / run, steps=steps,
+                                      every=every, size=size, c0=c0, c1=c1))
+        return path
+
+
+def _sha(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def snapshot(root, skip=()):
+    """path -> (size, sha256) of every committed checkpoint file and dataset file under root."""
+    root, snap = Path(root), {}
+    skip = [Path(s) for s in skip]
+    for p in root.rglob("*"):
+        if not p.is_file() or any(s == p or s in p.parents for s in skip):
+            continue
+        committed = p.parent.name.startswith("ckpt-") and (p.parent / "index.json").exists()
+        if committed or (p.suffix == ".h5" and p.parent == root):
+            snap[p] = (p.stat().st_size, _sha(p))
+    return snap
+
+
+def lost_bytes(before, skip=()):
+    skip = [Path(s) for s in skip]
+    lost = 0
+    for p, (size, digest) in before.items():
+        if any(s == p or s in p.parents for s in skip):
+            continue
+        try:
+            if p.stat().st_size != size or _sha(p) != digest:
+                lost += size
+        except OSError:
+            lost += size
+    return lost
+
+
+def account(ctx, before, skip=()):
+    n = lost_bytes(before, skip)
+    ctx.lost += n
+    check(n == 0, f"{n} bytes of committed checkpoints or data were damaged or removed")
+
+
+def expect_error(ctx, job, message, status=None):
+    """A failed job: its status, one message on stderr, no traceback, fast exit."""
+    if status is None:
+        check(job.rc != 0, f"exit status 0, expected a failure; stderr: {job.err[-800:]}")
+    else:
+        check(job.rc == status, f"exit status {job.rc}, expected {status}; stderr: {job.err[-800:]}")
+    n = job.err.count(message)
+    check(n == 1, f"{message!r} appears {n} times in stderr: {job.err[-800:]}")
+    check("Traceback" not in job.err, f"a traceback in stderr: {job.err[-800:]}")
+    ctx.note_exit(job.t_end - job.t0)
+
+
+def final_weights(run):
+    """{(rank file, name): array} of the w/... datasets of the latest checkpoint, and its name."""
+    ckpts = sorted(p for p in (Path(run) / "checkpoints").glob("ckpt-*") if (p / "index.json").exists())
+    check(ckpts, f"no checkpoint in {run}")
+    out = {}
+    for f in sorted(ckpts[-1].glob("rank*.h5")):
+        with h5py.File(f, "r") as h:
+            h.visititems(lambda name, obj: out.__setitem__((f.name, name), obj[()])
+                         if isinstance(obj, h5py.Dataset) and name.startswith("w/") else None)
+    return ckpts[-1].name, out
+
+
+def assert_bitwise(ref_run, run):
+    (na, a), (nb, b) = final_weights(ref_run), final_weights(run)
+    check(na == nb, f"final checkpoints differ: {na} vs {nb}")
+    check(a and a.keys() == b.keys(), f"weight arrays differ: {sorted(a)} vs {sorted(b)}")
+    for k in a:
+        check(np.array_equal(a[k], b[k]), f"{k} differs from the uninterrupted run")
+
+
+_REFS = {}
+
+
+def reference(ctx, ranks, **cfg):
+    """The run folder of an uninterrupted run with this config (computed once per suite run)."""
+    key = (ranks, tuple(sorted(cfg.items())))
+    if key not in _REFS:
+        base = Path(tempfile.mkdtemp(prefix="cotsdl-rel-ref-"))
+        sub = Ctx(base)
+        sub.data(size=cfg.get("size", 12))
+        j = cotsdl_run(base, ["train", sub.config(run="ref", **cfg)], ranks, "ref")
+        check(j.rc == 0, f"the reference run failed ({j.rc}): {j.err[-800:]}")
+        _REFS[key] = base / "ref"
+    return _REFS[key]
+
+
+def wait_for(pred, job, timeout=40, poll=0.005):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        if job.proc.poll() is not None:
+            return False
+        time.sleep(poll)
+    return False
+
+
+def committed(run):
+    d = Path(run) / "checkpoints"
+    return sorted(p for p in d.glob("ckpt-*") if (p / "index.json").exists()) if d.exists() else []
+
+
+# ---------------------------------------------------------------- cases: bad input
+
+def _bad_input(ctx, message, status=2, data=None, sets=(), setup=None):
+    default = ctx.data()
+    if setup:
+        setup(ctx)
+    cfg = ctx.config(data=data)
+    before = snapshot(ctx.tmp)
+    args = ["train", cfg, "--set", "data.preprocess=none"]
+    for s in sets:
+        args += ["--set", s]
+    j = cotsdl_run(ctx.tmp, args)
+    expect_error(ctx, j, message.format(tmp=ctx.tmp, data=data or default), status)
+    account(ctx, before)
+
+
+def _h5(path, **arrays):
+    with h5py.File(path, "w") as f:
+        for k, v in arrays.items():
+            f[k] = v
+    return path
+
+
+def case_config_unknown_key(ctx):
+    _bad_input(ctx, "unknown key train.bogus (allowed:", sets=["train.bogus=1"])
+
+
+def case_config_negative_steps(ctx):
+    _bad_input(ctx, "train.steps = -1: must be an integer >= 0", sets=["train.steps=-1"])
+
+
+def case_config_fractional_channels(ctx):
+    _bad_input(ctx, "network.stages[0].filter.channels = 2.5: must be an integer >= 1",
+               sets=["network.stages[0].filter.channels=2.5"])
+
+
+def case_data_missing(ctx):
+    _bad_input(ctx, "dataset {tmp}/missing.h5: no such file", data=ctx.tmp / "missing.h5")
+
+
+def case_data_no_images(ctx):
+    _bad_input(ctx, "no 'images' dataset (it holds: pixels)",
+               data=_h5(ctx.tmp / "d.h5", pixels=np.zeros((40, 12, 12), np.uint8)))
+
+
+def case_data_wrong_rank(ctx):
+    _bad_input(ctx, "'images' must be (N, H, W) or (N, H, W, C), got shape (40, 144)",
+               data=_h5(ctx.tmp / "d.h5", images=np.zeros((40, 144), np.uint8)))
+
+
+def case_data_complex_dtype(ctx):
+    _bad_input(ctx, "'images' must be uint8, float32 or float64, got dtype complex64",
+               data=_h5(ctx.tmp / "d.h5", images=np.zeros((40, 12, 12), np.complex64)))
+
+
+def case_data_wrong_size(ctx):
+    path = ctx.tmp / "d.h5"
+    write_dataset(path, np.zeros((40, 10, 12), np.uint8))
+    _bad_input(ctx, "images are 10x12x1, the network's input is 12x12x1", data=path)
+
+
+def case_data_truncated(ctx):
+    path = ctx.tmp / "d.h5"
+    write_dataset(path, np.random.default_rng(0).integers(0, 256, (400, 12, 12), dtype=np.uint8))
+    path.write_bytes(path.read_bytes()[:5000])
+    _bad_input(ctx, "cannot read it as HDF5 (truncated or corrupt?)", data=path)
+
+
+def case_data_nan_pixels(ctx):
+    x = np.random.default_rng(1).standard_normal((40, 12, 12)).astype(np.float32)
+    x[[3, 17, 30], 5, 6] = np.nan
+    _bad_input(ctx, "has NaN or Inf pixels", status=None, data=_h5(ctx.tmp / "d.h5", images=x))
+
+
+def case_data_empty(ctx):
+    _bad_input(ctx, "'images' is empty (shape (0, 12, 12))",
+               data=_h5(ctx.tmp / "d.h5", images=np.zeros((0, 12, 12), np.float32)))
+
+
+def case_data_wrong_label_count(ctx):
+    _bad_input(ctx, "'labels' must be (40,) integers",
+               data=_h5(ctx.tmp / "d.h5", images=np.zeros((40, 12, 12), np.uint8), labels=np.zeros(39, np.int64)))
+
+
+def case_data_fewer_than_a_batch(ctx):
+    path = ctx.tmp / "d.h5"
+    write_dataset(path, np.random.default_rng(0).integers(0, 256, (3, 12, 12), dtype=np.uint8))
+    _bad_input(ctx, "3 image(s), fewer than one global batch of 4", data=path)
+
+
+def case_run_folder_foreign_files(ctx):
+    def setup(c):
+        (c.tmp / "run").mkdir()
+        (c.tmp / "run" / "thesis.tex").write_text("precious")
+    _bad_input(ctx, "is not empty and holds no config.toml", setup=setup)
+    check((ctx.tmp / "run" / "thesis.tex").read_text() == "precious", "the foreign file was changed")
+
+
+# ---------------------------------------------------------------- cases: checkpoints
+
+def _trained(ctx):
+    ctx.data()
+    cfg = ctx.config(steps=4, every=2)
+    j = cotsdl_run(ctx.tmp, ["train", cfg], name="first")
+    check(j.rc == 0, f"the first run failed ({j.rc}): {j.err[-800:]}")
+    ckpts = committed(ctx.tmp / "run")
+    check(len(ckpts) == 4, f"expected 4 checkpoints, found {[p.name for p in ckpts]}")
+    return cfg, ckpts
+
+
+def _damaged_latest_is_skipped(ctx, damage):
+    cfg, ckpts = _trained(ctx)
+    before = snapshot(ctx.tmp)
+    damage(ckpts[-1])
+    j = cotsdl_run(ctx.tmp, ["train", cfg, "--set", "train.steps=[4, 6]"])
+    check(j.rc == 0, f"exit status {j.rc}; stderr: {j.err[-800:]}")
+    check("skipped" in j.out and f"{ckpts[-1].name} skipped" in j.out, f"no 'skipped' in stdout: {j.out[:800]}")
+    check(f"resumed from {ckpts[-2]}" in j.out, f"not resumed from {ckpts[-2].name}: {j.out[:800]}")
+    check("Traceback" not in j.err, f"a traceback: {j.err[-800:]}")
+    account(ctx, before, skip=[ckpts[-1]])
+
+
+def case_ckpt_truncated_shard(ctx):
+    def damage(c):
+        shard = c / "rank00000.h5"
+        shard.write_bytes(shard.read_bytes()[:100])
+    _damaged_latest_is_skipped(ctx, damage)
+
+
+def case_ckpt_missing_shard(ctx):
+    _damaged_latest_is_skipped(ctx, lambda c: (c / "rank00001.h5").unlink())
+
+
+def case_ckpt_corrupt_index(ctx):
+    def damage(c):
+        text = (c / "index.json").read_text()
+        (c / "index.json").write_text(text[: len(text) // 2] + "}garbage")
+    _damaged_latest_is_skipped(ctx, damage)
+
+
+def case_ckpt_other_network(ctx):
+    cfg, ckpts = _trained(ctx)
+    before = snapshot(ctx.tmp)
+    j = cotsdl_run(ctx.tmp, ["train", cfg, "--set", "network.stages[1].filter.channels=4",
+                             "--set", "train.steps=[4, 6]"])
+    expect_error(ctx, j, "the config's model differs", 2)
+    account(ctx, before)
+
+
+def case_ckpt_all_damaged(ctx):
+    cfg, ckpts = _trained(ctx)
+    before = snapshot(ctx.tmp)
+    for c in ckpts:
+        (c / "rank00001.h5").write_bytes(b"")
+    j = cotsdl_run(ctx.tmp, ["train", cfg, "--set", "train.steps=[4, 6]"])
+    expect_error(ctx, j, "no checkpoint can be resumed", 2)
+    account(ctx, before, skip=ckpts)
+
+
+# ---------------------------------------------------------------- cases: faults
+
+LONG = dict(steps=400, every=50)
+
+
+class NotCaught(CaseFailed):
+    pass
+
+
+def _interrupt_and_resume(ctx, ranks, fault, expect_status=None, expect_out=None, cfg_kw=LONG, ready=None,
+                          after=None, poll=0.005):
+    """Start a long run, apply ``fault(job)`` once ``ready(run)`` holds, check the ending, resume, compare."""
+    ref = reference(ctx, ranks, **cfg_kw)
+    ctx.data(size=cfg_kw.get("size", 12))
+    cfg = ctx.config(**cfg_kw)
+    run = ctx.tmp / "run"
+    job = cotsdl_job(ctx.tmp, ["train", cfg], ranks, "faulted")
+    ready = ready or (lambda job: len(committed(run)) >= 1)
+    if not wait_for(lambda: ready(job), job, poll=poll):
+        job.kill()
+        job.wait()
+        raise CaseFailed(f"the run ended (status {job.rc}) or stalled before the fault could be injected")
+    before = snapshot(ctx.tmp)
+    t_fault = time.monotonic()
+    info = fault(job)
+    rc = job.wait()
+    ctx.note_exit(job.t_end - t_fault)
+    if expect_status is not None:
+        check(rc == expect_status, f"exit status {rc}, expected {expect_status}; stderr: {job.err[-800:]}")
+    else:
+        check(rc != 0, f"exit status 0 after the fault: the run finished before it ({job.out[-300:]})")
+    if expect_out:
+        check(job.out.count(expect_out) == 1, f"{expect_out!r} not once in stdout: {job.out[-600:]}")
+    check("Traceback" not in job.err, f"a traceback: {job.err[-800:]}")
+    account(ctx, before)
+    if after:
+        after()
+    again = cotsdl_run(ctx.tmp, ["train", cfg], ranks, "resumed")
+    check(again.rc == 0, f"the resumed run failed ({again.rc}): {again.err[-800:]}")
+    check("resumed from" in again.out, f"the re-run did not resume: {again.out[:600]}")
+    check(not list((run / "checkpoints").glob(".ckpt-*.partial")), "a .partial folder is left after the resume")
+    assert_bitwise(ref, run)
+    return job, info
+
+
+def _kill_rank(rank, sig=signal.SIGKILL):
+    def fault(job):
+        pids = job.ranks()
+        check(rank in pids, f"rank {rank} not found under mpiexec (found {pids})")
+        os.kill(pids[rank], sig)
+        return pids
+    return fault
+
+
+def _signal_mpiexec(sig):
+    def fault(job):
+        job.proc.send_signal(sig)
+    return fault
+
+
+def case_kill9_rank_mid_step(ctx):
+    _interrupt_and_resume(ctx, 2, _kill_rank(1))
+
+
+def case_kill9_rank_mid_step_4_ranks(ctx):
+    _interrupt_and_resume(ctx, 4, _kill_rank(2))
+
+
+BIG = dict(steps=60, every=10, size=16, c0=128, c1=32)
+
+
+def case_kill9_rank_mid_checkpoint(ctx):
+    run = ctx.tmp / "run"
+
+    pids = {}
+
+    def partial(job):
+        # rank pids are looked up once a checkpoint is committed, so the kill itself is one syscall
+        d = run / "checkpoints"
+        try:
+            names = os.listdir(d)
+        except OSError:
+            return False
+        if not pids:
+            if any(n.startswith("ckpt-") for n in names):
+                pids.update(job.ranks())
+            return False
+        return any(n.endswith(".partial") for n in names)
+
+    def fault(job):
+        check(1 in pids, f"rank 1 not found under mpiexec (found {pids})")
+        os.kill(pids[1], signal.SIGKILL)
+
+    def left_partial():
+        if not list((run / "checkpoints").glob(".ckpt-*.partial")):
+            raise NotCaught("the kill came after the checkpoint was committed")
+
+    why = None
+    for attempt in range(3):
+        pids.clear()
+        for p in list(ctx.tmp.iterdir()):
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        try:
+            _interrupt_and_resume(ctx, 2, fault, cfg_kw=BIG, ready=partial, after=left_partial, poll=0.0002)
+            return
+        except NotCaught as e:
+            why = e
+        except CaseFailed as e:
+            if "before the fault" not in str(e):
+                raise
+            why = e
+    raise CaseFailed(f"in 3 attempts the kill never landed while a checkpoint was being written: {why}")
+
+
+def case_sigterm_mpiexec(ctx):
+    _interrupt_and_resume(ctx, 2, _signal_mpiexec(signal.SIGTERM), 75, "stopped by SIGTERM")
+
+
+def case_sigusr1_mpiexec_4_ranks(ctx):
+    _interrupt_and_resume(ctx, 4, _signal_mpiexec(signal.SIGUSR1), 75, "stopped by SIGUSR1")
+
+
+def case_sigterm_one_rank(ctx):
+    _interrupt_and_resume(ctx, 2, _kill_rank(1, signal.SIGTERM), 75, "stopped by SIGTERM")
+
+
+def case_disk_full_during_checkpoint(ctx):
+    ctx.data(size=16)
+    cfg = ctx.config(steps=3, every=3, size=16, c0=48, c1=24)
+    first = cotsdl_run(ctx.tmp, ["train", cfg], name="first")
+    check(first.rc == 0, f"the first run failed ({first.rc}): {first.err[-800:]}")
+    run = ctx.tmp / "run"
+    ckpts = committed(run)
+    shard = min(p.stat().st_size for p in ckpts[-1].glob("rank*.h5"))
+    logs = max((run / n).stat().st_size for n in ("log.txt", "metrics.jsonl"))
+    limit = shard // 2
+    check(logs * 4 < limit, f"the logs ({logs} bytes) are too close to the size limit ({limit} bytes)")
+    before = snapshot(ctx.tmp)
+
+    # RLIMIT_FSIZE set before MPI_Init makes UCX fail to start ("No resources are available"),
+    # so each rank sets it itself right after MPI_Init (fsize_limited.py), then runs cotsdl.
+    j = Job([MPIEXEC, "-n", "2", PY, "-m", "mpi4py", str(HERE / "fsize_limited.py"), str(limit), "train", str(cfg),
+             "--set", "train.steps=[3, 6]"], ctx.tmp, "full")
+    j.wait()
+    check(j.rc not in (0, 75), f"exit status {j.rc} with a full disk; stderr: {j.err[-800:]}")
+    lines = [ln for ln in j.err.splitlines() if ln.startswith("cotsdl: error:")]
+    check(len(lines) == 1, f"expected one error line, got {len(lines)}: {j.err[-800:]}")
+    check("checkpoint" in lines[0], f"the error does not name the checkpoint: {lines[0]}")
+    check("Traceback" not in j.err, f"a traceback: {j.err[-800:]}")
+    ctx.note_exit(j.t_end - j.t0)  # an upper bound: from the start of the job
+    check(not list((run / "checkpoints").glob(".ckpt-*.partial")), "a .ckpt-*.partial folder is left")
+    check(committed(run)[-1] == ckpts[-1], f"a new checkpoint was committed: {committed(run)[-1].name}")
+    account(ctx, before)
+    again = cotsdl_run(ctx.tmp, ["train", cfg, "--set", "train.steps=[3, 6]"], name="again")
+    check(again.rc == 0 and f"resumed from {ckpts[-1]}" in again.out,
+          f"no resume from the intact checkpoint after the disk was freed ({again.rc}): {again.err[-600:]}")
+
+
+def _nonfinite(ctx, mode):
+    ck = ctx.tmp / "ck"
+    j = Job([MPIEXEC, "-n", "2", PY, "-m", "mpi4py", str(HERE / "nonfinite_job.py"), mode, str(ck), str(ctx.tmp)],
+            ctx.tmp, mode)
+    j.wait()
+    results = [(ctx.tmp / f"result{r}.txt").read_text() for r in range(2) if (ctx.tmp / f"result{r}.txt").exists()]
+    check(j.rc == 0 and len(results) == 2, f"status {j.rc}; stdout: {j.out[-800:]}; stderr: {j.err[-800:]}")
+    check("Traceback" not in j.err, f"a traceback: {j.err[-800:]}")
+    # every committed checkpoint still matches the digests its index records
+    from cotsdl.io import checkpoint
+    for c in committed(ck):
+        reason = checkpoint.verify(c, None, True)
+        if reason is not None:
+            n = sum(p.stat().st_size for p in c.iterdir())
+            ctx.lost += n
+            raise CaseFailed(f"{c.name} no longer verifies: {reason}")
+    return j
+
+
+def case_nonfinite_once_skipped_on_every_rank(ctx):
+    _nonfinite(ctx, "once")
+
+
+def case_nonfinite_repeated_stops_with_checkpoint_intact(ctx):
+    j = _nonfinite(ctx, "repeat")
+    ctx.note_exit(j.t_end - j.t0)  # an upper bound: from the start of the job
+    results = [(ctx.tmp / f"result{r}.txt").read_text() for r in range(2)]
+    check(all("ckpt-000000010" in r for r in results), f"results: {results}")
+
+
+# ---------------------------------------------------------------- driver
+
+CASES = [(name[5:], fn) for name, fn in list(globals().items()) if name.startswith("case_") and callable(fn)]
+
+
+def main(argv):
+    wanted = set(argv)
+    cases = [(n, f) for n, f in CASES if not wanted or n in wanted]
+    passed = hangs = 0
+    worst = 0.0
+    lost = 0
+    t_suite = time.monotonic()
+    for name, fn in cases:
+        tmp = Path(tempfile.mkdtemp(prefix=f"cotsdl-rel-{name}-"))
+        ctx = Ctx(tmp)
+        t0 = time.monotonic()
+        try:
+            fn(ctx)
+            print(f"PASS {name} {time.monotonic() - t0:.1f} s", flush=True)
+            passed += 1
+            shutil.rmtree(tmp, ignore_errors=True)
+        except Hang as e:
+            hangs += 1
+            print(f"HANG {name}: {e} (files kept in {tmp})", flush=True)
+        except CaseFailed as e:
+            print(f"FAIL {name}: {e} (files kept in {tmp})", flush=True)
+        except Exception as e:  # a bug in the case itself is a failure too
+            print(f"FAIL {name}: {type(e).__name__}: {e}\n{traceback.format_exc()} (files kept in {tmp})", flush=True)
+        finally:
+            for job in list(Job.live):
+                job.kill()
+                Job.live.remove(job)
+        if ctx.exit_time is not None:
+            worst = max(worst, ctx.exit_time)
+        lost += ctx.lost
+    for ref in _REFS.values():
+        shutil.rmtree(ref.parent, ignore_errors=True)
+    print(f"(suite wall time {time.monotonic() - t_suite:.1f} s)", flush=True)
+    print(f"reliability: {len(cases)} cases, {passed} passed, {hangs} hangs, worst exit {worst:.1f} s, "
+          f"{lost} bytes lost", flush=True)
+    return 0 if passed == len(cases) and hangs == 0 and lost == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
