@@ -170,9 +170,7 @@ def _module(kind: str, device: int, file: str, defines: tuple[tuple[str, Any], .
         from . import cudaemu  # noqa: PLC0415
 
         return cudaemu.RawModule(code=code, options=(f"-I{folder}",))
-    import cupy  # noqa: PLC0415
-
-    return cupy.RawModule(code=code, options=("-std=c++17", f"-I{folder}"))
+    return cupy_module().RawModule(code=code, options=("-std=c++17", f"-I{folder}"))
 
 
 def kernel(file: str, fn: str, defines: Mapping[str, Any] | None = None, device_array: bool = True):
@@ -181,9 +179,7 @@ def kernel(file: str, fn: str, defines: Mapping[str, Any] | None = None, device_
     ``device_array`` says whether the data lives on a GPU (CuPy) or is emulated.
     """
     if device_array:
-        import cupy  # noqa: PLC0415
-
-        kind, dev = "cuda", cupy.cuda.Device().id
+        kind, dev = "cuda", cupy_module().cuda.Device().id
     else:
         kind, dev = "cuda-emu", -1
     return _module(kind, dev, file, tuple(sorted((defines or {}).items()))).get_function(fn)
@@ -197,6 +193,14 @@ def launch(kern: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple
 def set_device(index: int) -> None:
     """Make GPU ``index`` current (no-op without the cuda backend)."""
     if name() == "cuda":
-        import cupy  # noqa: PLC0415
+        cupy_module().cuda.Device(index % max(1, device_count())).use()
 
-        cupy.cuda.Device(index % max(1, device_count())).use()
+
+def cupy_module():
+    """CuPy, or an ImportError that says which extra installs it (the cuda backend needs it)."""
+    try:
+        import cupy  # noqa: PLC0415
+    except ImportError as e:
+        raise ImportError(f"the cuda backend needs CuPy, which does not import ({e}): pip install 'cotsdl[cuda12]' "
+                          "(or 'cotsdl[cuda13]'), or choose COTSDL_BACKEND=numpy") from None
+    return cupy

@@ -197,8 +197,14 @@ def run(json_path: str | None = None, archs: Iterable[str] | None = None,
     for arch in archs:
         nv = _compiler_for(arch, libs)
         if nv is None:
-            failures.append(f"{arch}: no installed NVRTC compiles for it (have "
-                            f"{', '.join(f'CUDA {m}' for m in sorted(libs))}); {nvrtc.INSTALL_HINT}")
+            known = sorted({a for lib in libs.values() for a in lib.supported_archs()})
+            have = ", ".join(f"CUDA {m}" for m in sorted(libs))
+            if _arch_number(arch) > max(known):  # perhaps a newer CUDA knows it
+                failures.append(f"{arch}: newer than every installed NVRTC knows ({have}: up to sm_{max(known)}); "
+                                "a newer CUDA's NVRTC may compile it (CUDA 13: pip install nvidia-cuda-nvrtc)")
+            else:  # NVRTC is installed: the architecture itself is the problem
+                failures.append(f"{arch}: not an architecture the installed NVRTC compiles for ({have} knows "
+                                f"{', '.join(f'sm_{a}' for a in known)})")
             continue
         version = "%d.%d" % nv.version
         for src in sources:

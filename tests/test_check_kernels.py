@@ -192,3 +192,30 @@ def test_missing_nvrtc_says_how_to_install(monkeypatch, capsys):
 def test_env_override_picks_the_library(nv12, monkeypatch):
     monkeypatch.setenv(nvrtc.ENV_VAR, str(nv12.path))
     assert nvrtc.find_libraries() == {12: nv12.path}
+
+
+def test_an_unknown_architecture_is_not_an_install_problem():
+    from cotsdl.cli import main
+
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["check-kernels", "--arch", "sm_99"])
+    assert rc != 0
+    text = out.getvalue()
+    assert "sm_99: not an architecture the installed NVRTC compiles for" in text and "pip install" not in text
+
+
+def test_the_cuda_backend_without_cupy_names_the_extra():
+    import importlib.util
+
+    import pytest
+
+    from cotsdl import backend
+
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here")
+    with pytest.raises(ImportError, match=r"the cuda backend needs CuPy.*pip install 'cotsdl\[cuda12\]'"):
+        backend.cupy_module()

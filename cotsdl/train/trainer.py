@@ -34,9 +34,7 @@ from .schedules import describe as schedules_describe
 
 
 def _cupy():
-    import cupy  # noqa: PLC0415 - only with the cuda backend
-
-    return cupy
+    return backend.cupy_module()  # only with the cuda backend; a clear error without CuPy
 
 
 def _optimizer_name(kind: str, hyper: dict[str, Any]) -> str:
