@@ -139,7 +139,10 @@ def save(folder: str | os.PathLike, step: int, comm: MPI.Comm, arrays: dict[str,
             os.replace(tmp, partial / fname)
             files[fname] = _digest(partial / fname)
         except Exception as e:  # noqa: BLE001 - every rank must learn of it
-            err = f"cannot write checkpoint file {partial / fname}: {type(e).__name__}: {e}"
+            text = f"{type(e).__name__}: {e}"
+            if any(k in text for k in ("errno = 28", "errno = 27", "No space left", "File too large")):
+                text = f"the disk is full or a file-size limit was reached ({text})"  # HDF5 words it obscurely
+            err = f"cannot write checkpoint file {partial / fname}: {text}"
     try:
         raise_collectively(comm, err, OSError)
     except OSError:
