@@ -11,37 +11,10 @@ import numpy as np
 import pytest
 
 from cotsdl.io.dataset import write_dataset
-from h5util import corrupt_chunk
+from testkit import corrupt_chunk, tiny_config
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 SUBCOMMANDS = ["prepare-data", "inspect", "train", "evaluate", "plan", "bench", "check-kernels", "info"]
-
-CONFIG = """
-[data]
-file = "{data}"
-batch = 4
-[network]
-input = [12, 12, 1]
-[[network.stages]]
-filter = {{ size = [3, 3], stride = [1, 1], channels = 3 }}
-pool = {{ size = [2, 2], stride = [2, 2], eps = 0.01 }}
-lcn = {{ size = 3, sigma = 1.0, eps = 0.001 }}
-[[network.stages]]
-filter = {{ size = [2, 2], stride = [1, 1], channels = 2 }}
-pool = {{ size = [2, 2], stride = [1, 1], eps = 0.01 }}
-lcn = {{ size = 3, sigma = 1.0, eps = 0.001 }}
-[train]
-steps = [{steps}, {steps}]
-checkpoint_every = {every}
-log_every = 1
-[train.optimizer]
-kind = "adam"
-lr = 0.002
-[run]
-folder = "{run}"
-backend = "numpy"
-"""
-
 
 def cotsdl(*args, ranks=2, timeout=120, cwd=None):
     cmd = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "cotsdl", *args]
@@ -57,7 +30,7 @@ def setup(tmp_path):
 
     def make(name="c.toml", data=tmp_path / "tiny.h5", run=tmp_path / "run", steps=6, every=4):
         path = tmp_path / name
-        path.write_text(CONFIG.format(data=data, run=run, steps=steps, every=every))
+        path.write_text(tiny_config(data, run, steps, every))
         return path
     return tmp_path, make
 

@@ -6,7 +6,7 @@ import pytest
 from cotsdl.array.box import Box
 from cotsdl.io.dataset import DatasetError, DatasetWriter, check_for_network, inspect, write_dataset
 from cotsdl.io.reader import HDF5Source
-from h5util import corrupt_chunk
+from testkit import corrupt_chunk
 
 
 def images(kind, n=23, shape=(9, 7, 2), seed=0):

@@ -13,7 +13,6 @@ before a fault and were damaged or removed by it.  Exit status 0 only when every
 passed with 0 hangs and 0 bytes lost.
 """
 import hashlib
-import json
 import os
 import shutil
 import signal
@@ -30,40 +29,14 @@ import numpy as np
 from cotsdl.io.dataset import write_dataset
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # tests/: the helpers shared with the pytest suites
+from testkit import tiny_config  # noqa: E402
 PY = sys.executable
 MPIEXEC = os.path.join(os.path.dirname(PY), "mpiexec")
 if not os.path.exists(MPIEXEC):
     MPIEXEC = shutil.which("mpiexec") or "mpiexec"
 JOB_TIMEOUT = 60  # seconds for any one process tree
 EXIT_LIMIT = 10.0  # seconds from a fault to the last rank's exit
-
-CONFIG = """
-[data]
-file = "{data}"
-batch = 4
-[network]
-input = [{size}, {size}, 1]
-[[network.stages]]
-filter = {{ size = [3, 3], stride = [1, 1], channels = {c0} }}
-pool = {{ size = [2, 2], stride = [2, 2], eps = 0.01 }}
-lcn = {{ size = 3, sigma = 1.0, eps = 0.001 }}
-[[network.stages]]
-filter = {{ size = [2, 2], stride = [1, 1], channels = {c1} }}
-pool = {{ size = [2, 2], stride = [1, 1], eps = 0.01 }}
-lcn = {{ size = 3, sigma = 1.0, eps = 0.001 }}
-[train]
-steps = [{steps}, {steps}]
-checkpoint_every = {every}
-keep = 20
-log_every = 1
-[train.optimizer]
-kind = "adam"
-lr = 0.002
-[run]
-folder = "{run}"
-backend = "numpy"
-"""
-
 
 class CaseFailed(Exception):
     pass
@@ -201,8 +174,8 @@ class Ctx:
 
     def config(self, name="c.toml", data=None, run="run", steps=6, every=4, size=12, c0=3, c1=2):
         path = self.tmp / name
-        path.write_text(CONFIG.format(data=data or self.tmp / "tiny.h5", run=self.tmp / run, steps=steps,
-                                      every=every, size=size, c0=c0, c1=c1))
+        path.write_text(tiny_config(data or self.tmp / "tiny.h5", self.tmp / run, steps, every, size=size, c0=c0,
+                                    c1=c1, keep=20))  # keep all: pruning is not loss
         return path
 
 
