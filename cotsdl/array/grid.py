@@ -136,13 +136,22 @@ def split_replicas(comm: MPI.Comm, replicas: int = 1, dims: Sequence[int] | None
     return HybridLayout(grid=grid, replica_comm=replica_comm, replica=rank // group, replicas=replicas)
 
 
-def node_local_rank(comm: MPI.Comm) -> int:
-    """This rank's index among the ranks of ``comm`` on the same node (picks the GPU)."""
+def _node_local(comm: MPI.Comm) -> tuple[int, int]:
     local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
-        return local.Get_rank()
+        return local.Get_rank(), local.Get_size()
     finally:
         local.Free()
+
+
+def node_local_rank(comm: MPI.Comm) -> int:
+    """This rank's index among the ranks of ``comm`` on the same node (picks the GPU)."""
+    return _node_local(comm)[0]
+
+
+def node_local_size(comm: MPI.Comm) -> int:
+    """How many ranks of ``comm`` share this node (they share its cores)."""
+    return _node_local(comm)[1]
 
 
 def use_node_local_gpu(comm: MPI.Comm) -> int:

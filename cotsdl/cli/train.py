@@ -84,8 +84,7 @@ def make_optimizer(opt: dict[str, Any], sched: dict[str, Any]):
 def _setup_backend(cfg: dict[str, Any], comm) -> str:
     from .. import backend, ops  # noqa: PLC0415
     from ..array.collective import raise_collectively  # noqa: PLC0415
-    from ..array.grid import use_node_local_gpu  # noqa: PLC0415
-    from mpi4py import MPI  # noqa: PLC0415
+    from ..array.grid import node_local_size, use_node_local_gpu  # noqa: PLC0415
 
     if cfg["run"]["backend"] != "auto":
         os.environ["COTSDL_BACKEND"] = cfg["run"]["backend"]
@@ -101,9 +100,7 @@ def _setup_backend(cfg: dict[str, Any], comm) -> str:
         use_node_local_gpu(comm)
     threads = cfg["run"]["threads"]
     if not threads:  # share the node's cores among its ranks (oversubscribed BLAS is many times slower)
-        local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-        threads = max(1, ops.parallel.available_cores() // local.Get_size())
-        local.Free()
+        threads = max(1, ops.parallel.available_cores() // node_local_size(comm))
     ops.set_num_threads(threads)
     return name
 

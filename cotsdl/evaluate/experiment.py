@@ -43,11 +43,7 @@ def labeled_images(source: Any) -> tuple[np.ndarray, np.ndarray]:
     n = len(source)
     whole = Box((0, 0, 0, 0), source.image_shape + (n,))
     images = source.read(0, n, whole).transpose(3, 0, 1, 2)
-    import h5py  # noqa: PLC0415
-
-    with h5py.File(source.path, "r") as f:
-        y = f["labels"][()].astype(np.int64)
-    return np.ascontiguousarray(images), y
+    return np.ascontiguousarray(images), source.labels()
 
 
 def label_error(path: Any, y: np.ndarray) -> str | None:

@@ -27,6 +27,7 @@ from mpi4py import MPI
 from .. import backend
 from ..array.box import Box
 from ..array.collective import raise_collectively
+from .atomic import write_atomic
 
 _NAME = re.compile(r"^ckpt-(\d{9})$")
 
@@ -38,14 +39,6 @@ def _fsync_dir(path: Path) -> None:
     finally:
         os.close(fd)
 
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _generation(path: Path) -> tuple[int, int]:
@@ -155,9 +148,10 @@ def save(folder: str | os.PathLike, step: int, comm: MPI.Comm, arrays: dict[str,
         try:
             done = completed(folder)
             generation = (_generation(done[-1])[0] + 1) if done else 1
-            _write_json(partial / "index.json", {"step": step, "generation": generation, "meta": meta,
-                                                 "shapes": shapes, "pieces": [p for ps, _ in gathered for p in ps],
-                                                 "files": {k: v for _, fs in gathered for k, v in fs.items()}})
+            index = {"step": step, "generation": generation, "meta": meta, "shapes": shapes,
+                     "pieces": [p for ps, _ in gathered for p in ps],
+                     "files": {k: v for _, fs in gathered for k, v in fs.items()}}
+            write_atomic(partial / "index.json", json.dumps(index, indent=1))
             _fsync_dir(partial)
             trash = None
             if final.exists():  # the same step saved again: swap, never delete first

@@ -110,6 +110,15 @@ class HDF5Source:
                 self._pending[1].cancel()
             self._pending = (key, self._pool.submit(self._read, first, count, window))
 
+    def labels(self) -> np.ndarray | None:
+        """The ``labels`` dataset (N,), or None when the file has none."""
+        if self.info.labels is None:
+            return None
+        try:
+            return self._file["labels"][()].astype(np.int64)
+        except OSError as e:
+            raise DatasetError(f"dataset {self.path}: cannot read 'labels' (truncated or corrupt?): {e}") from None
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
