@@ -129,6 +129,24 @@ class Box:
         return tuple(slice(min(max(l - o, 0), e), min(max(h - o, 0), e))
                      for l, h, o, e in zip(self.lo, self.hi, outer.lo, ext))
 
+    def is_contiguous_in(self, outer: "Box") -> bool:
+        """True if this box is one contiguous run of memory in a C-ordered array covering ``outer``.
+
+        Pure index arithmetic, no array needed: after the leading axes of extent 1,
+        the first axis longer than 1 may be cut anywhere, but every axis after it
+        must span ``outer`` whole (whole rows of an (H, W, C, N) window, say).  Boxes
+        of at most one element, the empty box included, are contiguous.  This is
+        what NumPy's ``c_contiguous`` flag says of ``arr[self.slices_in(outer)]``
+        for a C-contiguous ``arr``; an exchange sends such a box without packing it.
+        """
+        if not outer.contains(self):
+            raise ValueError(f"{self} is not inside {outer}")
+        if self.size <= 1:
+            return True
+        inner, full = self.shape, outer.shape
+        first = next(ax for ax, n in enumerate(inner) if n > 1)
+        return inner[first + 1:] == full[first + 1:]
+
     def __repr__(self) -> str:
         if self.is_empty:
             return f"Box.empty({self.ndim})"

@@ -26,7 +26,7 @@ from .box import Box
 from .collective import raise_collectively
 from .cudampi import cuda_aware_mpi
 from .distarray import DistArray, fits
-from .plan import Transfer, partition_error, transfers, window_error
+from .transfers import Transfer, partition_error, transfers, window_error
 
 _TAG_SPACE = 16000  # two tags per plan stay under the MPI-guaranteed tag bound 32767
 _last_tag = 0

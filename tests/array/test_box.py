@@ -111,3 +111,35 @@ def test_hull_of_many(bs):
 @given(boxes())
 def test_tuple_roundtrip(b):
     assert Box.from_tuple(b.to_tuple()) == b
+
+
+@st.composite
+def box_in_outer(draw):
+    """A non-empty box ``outer`` and a box inside it (extents often 1, so size-1 axes are tried)."""
+    n = draw(st.integers(1, 5))
+    lo = draw(st.lists(st.integers(-3, 3), min_size=n, max_size=n))
+    ext = draw(st.lists(st.integers(1, 4), min_size=n, max_size=n))
+    outer = Box(lo, [l + e for l, e in zip(lo, ext)])
+    a = [draw(st.integers(l, h)) for l, h in zip(outer.lo, outer.hi)]
+    b = [draw(st.integers(x, h)) for x, h in zip(a, outer.hi)]
+    return Box(a, b), outer
+
+
+@given(box_in_outer(), st.sampled_from([np.float32, np.float64, np.int8]))
+def test_is_contiguous_in_agrees_with_numpy(pair, dtype):
+    box, outer = pair
+    arr = np.zeros(outer.shape, dtype)
+    if not box.is_empty:
+        assert box.is_contiguous_in(outer) == arr[box.slices_in(outer)].flags.c_contiguous
+    else:
+        assert box.is_contiguous_in(outer)  # nothing to send is trivially one run
+
+
+def test_is_contiguous_in_examples_and_outside():
+    win = Box((0, 0, 0, 0), (6, 5, 2, 3))
+    assert Box((1, 0, 0, 0), (3, 5, 2, 3)).is_contiguous_in(win)  # whole rows
+    assert Box((2, 1, 0, 0), (3, 4, 2, 3)).is_contiguous_in(win)  # part of one row
+    assert not Box((1, 1, 0, 0), (3, 4, 2, 3)).is_contiguous_in(win)  # columns of several rows
+    assert not Box((0, 0, 0, 0), (6, 5, 1, 3)).is_contiguous_in(win)
+    with pytest.raises(ValueError, match="not inside"):
+        Box((0, 0, 0, 0), (7, 5, 2, 3)).is_contiguous_in(win)

@@ -1,10 +1,10 @@
-"""Pure computation of an exchange plan between two layouts of one array.
+"""The messages (transfers) of an exchange between two layouts of one array: pure index arithmetic.
 
 Given the boxes every rank *owns* in a source layout (a partition of the global
 box) and the *window* every rank needs in a destination layout, rank ``r`` sends
 ``owned[r] & windows[p]`` to each peer ``p`` and receives ``owned[p] & windows[r]``.
 Only non-empty intersections appear, so the bytes that move are exactly the
-intersections.  No MPI here: the MPI executor lives in ``exchange.py``.
+intersections.  No MPI here: the MPI executor (``ExchangePlan``) lives in ``exchange.py``.
 """
 from __future__ import annotations
 
