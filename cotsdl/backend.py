@@ -1,25 +1,30 @@
 """Array backends: numpy | cuda | cuda-emu; kernel loading and the one launch interface.
 
-The only module that touches CuPy, and only lazily, so the package imports on a
-machine without it.  ``COTSDL_BACKEND=numpy|cuda|cuda-emu`` chooses; by default
-``cuda`` when a CUDA device exists, else ``numpy``.  ``cuda-emu`` runs the CUDA
+The only module that decides the array library and touches CuPy, and only lazily,
+so the package imports on a machine without it.  The backend is chosen once per
+process: by :func:`use` (the command line's ``--backend`` and ``run.backend``; tests
+use :func:`using`), else on first use from ``COTSDL_BACKEND=numpy|cuda|cuda-emu``,
+else ``cuda`` when a CUDA device exists, else ``numpy``.  ``cuda-emu`` runs the CUDA
 backend's wrapper code and the ``.cu`` kernels through :mod:`cotsdl.cudaemu` on
-NumPy arrays (slow; for tests and kernel authors).  Kernels are launched through
-:func:`launch` whatever runs them.
+NumPy arrays (slow; for tests and kernel authors).  :func:`xp` is the array library
+new arrays are made with; :func:`array_module` the library of an existing array.
+Kernels are launched through :func:`launch` whatever runs them.
 """
 from __future__ import annotations
 
 import ctypes
 import os
 import re
+from contextlib import contextmanager
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
 BACKENDS = ("numpy", "cuda", "cuda-emu")
+_chosen: str | None = None  # the process's backend, fixed on first use
 
 
 def is_device_array(arr: Any) -> bool:
@@ -118,14 +123,47 @@ def device_count() -> int:
     return 0
 
 
+def _check(choice: str) -> str:
+    if choice not in BACKENDS:
+        raise ValueError(f"the backend must be one of {', '.join(BACKENDS)}, got {choice!r}")
+    return choice
+
+
+def use(choice: str) -> None:
+    """Choose this process's backend (``numpy``, ``cuda`` or ``cuda-emu``), before or instead of
+    ``COTSDL_BACKEND``.  Call it before making arrays: arrays already made keep their library."""
+    global _chosen
+    _chosen = _check(choice)
+
+
+@contextmanager
+def using(choice: str | None) -> Iterator[str]:
+    """Run a block on backend ``choice`` (None: the current one) and restore the previous choice."""
+    global _chosen
+    before = _chosen
+    try:
+        if choice is not None:
+            use(choice)
+        yield name()
+    finally:
+        _chosen = before
+
+
 def name() -> str:
-    """The backend in use: ``COTSDL_BACKEND``, else ``cuda`` with a device, else ``numpy``."""
-    env = os.environ.get("COTSDL_BACKEND", "").strip()
-    if env:
-        if env not in BACKENDS:
+    """The backend in use: :func:`use`'s choice, else ``COTSDL_BACKEND``, else ``cuda`` with a
+    device, else ``numpy``; read once, then fixed for the process."""
+    global _chosen
+    if _chosen is None:
+        env = os.environ.get("COTSDL_BACKEND", "").strip()
+        if env and env not in BACKENDS:
             raise ValueError(f"COTSDL_BACKEND must be one of {', '.join(BACKENDS)}, got {env!r}")
-        return env
-    return "cuda" if device_count() > 0 else "numpy"
+        _chosen = env or ("cuda" if device_count() > 0 else "numpy")
+    return _chosen
+
+
+def xp():
+    """The array library of the backend: CuPy for ``cuda``, NumPy for ``numpy`` and ``cuda-emu``."""
+    return cupy_module() if name() == "cuda" else np
 
 
 def uses_kernels(arr: Any) -> bool:
@@ -202,5 +240,6 @@ def cupy_module():
         import cupy  # noqa: PLC0415
     except ImportError as e:
         raise ImportError(f"the cuda backend needs CuPy, which does not import ({e}): pip install 'cotsdl[cuda12]' "
-                          "(or 'cotsdl[cuda13]'), or choose COTSDL_BACKEND=numpy") from None
+                          "(or 'cotsdl[cuda13]'), or choose the numpy backend (run.backend = \"numpy\", "
+                          "--backend numpy or COTSDL_BACKEND=numpy)") from None
     return cupy

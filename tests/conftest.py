@@ -14,6 +14,15 @@ def pytest_report_header(config):
             f"COTSDL_BACKEND={os.environ.get('COTSDL_BACKEND', 'auto')}")
 
 
+@pytest.fixture(autouse=True)
+def _backend_restored():
+    """A test that chooses a backend (the CLI's --backend, backend.use) leaves the next test's choice alone."""
+    from cotsdl import backend
+
+    with backend.using(None):
+        yield
+
+
 @pytest.fixture
 def comm():
     from mpi4py import MPI

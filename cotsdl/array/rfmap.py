@@ -12,14 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..checks import pair
 from .box import Box
 
 
-def _pair(name: str, v: Sequence[int] | int, minimum: int) -> tuple[int, int]:
-    t = (v, v) if isinstance(v, int) else tuple(int(x) for x in v)
-    if len(t) != 2 or any(x < minimum for x in t):
-        raise ValueError(f"{name} must be a pair of ints >= {minimum}, got {v!r}")
-    return t  # type: ignore[return-value]
+def sites(length: int, window: int, stride: int, pad: int = 0) -> int:
+    """Number of window positions (sites) along one axis: THE output-extent formula.
+
+    Every shape check, kernel wrapper, cost model and benchmark asks this function
+    (as DistDL keeps ``_compute_out_shape`` in one place); 0 when the window does not fit.
+    """
+    return max(0, (length + 2 * pad - window) // stride + 1)
 
 
 @dataclass(frozen=True)
@@ -42,14 +45,14 @@ class RFMap:
     mixes_channels: bool = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "window", _pair("window", self.window, 1))
-        object.__setattr__(self, "stride", _pair("stride", self.stride, 1))
-        object.__setattr__(self, "block", _pair("block", self.block, 1))
-        object.__setattr__(self, "pad", _pair("pad", self.pad, 0))
+        object.__setattr__(self, "window", pair("window", self.window, 1))
+        object.__setattr__(self, "stride", pair("stride", self.stride, 1))
+        object.__setattr__(self, "block", pair("block", self.block, 1))
+        object.__setattr__(self, "pad", pair("pad", self.pad, 0))
 
     def sites(self, in_extent: Sequence[int]) -> tuple[int, int]:
         """Number of sites along H and W for an input of spatial extent ``(H, W)``."""
-        return tuple(max(0, (L + 2 * p - r) // s + 1)  # type: ignore[return-value]
+        return tuple(sites(L, r, s, p)  # type: ignore[return-value]
                      for L, p, r, s in zip(in_extent, self.pad, self.window, self.stride))
 
     def out_extent(self, in_extent: Sequence[int]) -> tuple[int, int]:

@@ -23,7 +23,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import ops
+from .. import backend, ops
+from ..array.rfmap import sites
 from ..ops import costs
 
 
@@ -40,7 +41,7 @@ class Shape:
 
     @property
     def sites(self) -> int:
-        return (self.H - self.r) // self.s + 1
+        return sites(self.H, self.r, self.s)
 
 
 PAPER = Shape("paper", 200, 3, 18, 2, 8, 96, (4, 4))
@@ -134,8 +135,7 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
     say = lambda *a: print(*a, file=log, flush=True)  # noqa: E731
     xp, sync, shapes, dev = np, _no_sync, SHAPES, None
     if backend_name == "cuda":
-        import cupy  # noqa: PLC0415
-
+        cupy = backend.cupy_module()
         xp, sync, shapes = cupy, cupy.cuda.get_current_stream().synchronize, SHAPES + [PAPER]
         dev = device_ceilings()
         ceiling = dev["fp32_peak_GFLOPs"]

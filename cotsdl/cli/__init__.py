@@ -10,7 +10,6 @@ an exception on one rank aborts every rank instead of leaving the others waiting
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
@@ -110,7 +109,9 @@ def _bench_layers(args) -> int:
         raise ValueError(err)
     if args.threads is not None:
         ops.set_num_threads(args.threads)
-    os.environ["COTSDL_BACKEND"] = args.backend
+    from .. import backend  # noqa: PLC0415
+
+    backend.use(args.backend)
     res = layers.run(args.repeats, np.dtype(args.dtype), min_time=args.min_time, backend_name=args.backend)
     if args.json:
         common.write_json(args.json, res)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -87,20 +86,19 @@ def _setup_backend(cfg: dict[str, Any], comm) -> str:
     from ..array.grid import node_local_size, use_node_local_gpu  # noqa: PLC0415
 
     if cfg["run"]["backend"] != "auto":
-        os.environ["COTSDL_BACKEND"] = cfg["run"]["backend"]
+        backend.use(cfg["run"]["backend"])
     name = backend.name()
     if name == "cuda":
         err = None
         try:
-            import cupy  # noqa: F401, PLC0415 - only whether it imports
+            backend.cupy_module()
         except ImportError as e:
-            err = (f"run.backend = \"cuda\" needs CuPy, which does not import ({e}); install it with "
-                   "pip install 'cotsdl[cuda12]' (or [cuda13]), or set run.backend = \"numpy\"")
+            err = f"run.backend = \"cuda\": {e}"
         raise_collectively(comm, err)
         use_node_local_gpu(comm)
     threads = cfg["run"]["threads"]
     if not threads:  # share the node's cores among its ranks (oversubscribed BLAS is many times slower)
-        threads = max(1, ops.parallel.available_cores() // node_local_size(comm))
+        threads = max(1, ops.available_cores() // node_local_size(comm))
     ops.set_num_threads(threads)
     return name
 

@@ -41,7 +41,7 @@ def layer_infos(plan: NetworkPlan) -> list[LayerInfo]:
     out, offset = [], 0
     for lp in plan.layers:
         shape = tuple(lp.out_shape[:3])
-        out.append(LayerInfo(lp.index, lp.layer.kind, lp.index // 3, shape, offset))
+        out.append(LayerInfo(lp.index, lp.layer.kind, plan.network.stage_of(lp.index), shape, offset))
         offset += int(np.prod(shape))
     return out
 
@@ -77,7 +77,7 @@ def collect(plan: NetworkPlan, params: dict[int, np.ndarray], source: Any, count
     B = plan.batch
     for first in range(0, count, B):
         xb = source.read(first, B, plan.input_owned)  # past the end: the stream wraps; rows dropped below
-        x = plan.input_array(np.ascontiguousarray(backend.array_module(None).asarray(xb), dtype=plan.dtype))
+        x = plan.input_array(np.ascontiguousarray(backend.xp().asarray(xb), dtype=plan.dtype))
         _, tape = plan.forward(x, params)
         n = min(B, count - first)
         cols = [backend.to_numpy(y).reshape(-1, B)[:, :n].T for y in tape.outputs]  # (i, j, c) row-major

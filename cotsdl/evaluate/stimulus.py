@@ -12,12 +12,13 @@ import numpy as np
 from mpi4py import MPI
 
 from ..array.collect import gather
+from ..array.collective import sum_values
 from ..array.distarray import DistArray
 from ..nn.plan import NetworkPlan
 
 
 def _norm(comm: MPI.Comm, a: np.ndarray) -> float:
-    return float(np.sqrt(comm.allreduce(float(np.sum(np.square(a, dtype=np.float64))), op=MPI.SUM)))
+    return float(np.sqrt(sum_values(comm, [np.sum(np.square(a, dtype=np.float64))])[0]))
 
 
 def response_and_gradient(plan: NetworkPlan, params: dict[int, np.ndarray], x: np.ndarray, layer: int,
@@ -38,7 +39,7 @@ def response_and_gradient(plan: NetworkPlan, params: dict[int, np.ndarray], x: n
         rel = tuple(p - lo for p, lo in zip(at, out.lo))
         local[rel] = 1
         value = float(y.data[rel])
-    value = comm.allreduce(value, op=MPI.SUM)
+    value = float(sum_values(comm, [value])[0])
     dy = DistArray(comm, plan.layers[layer].out_shape, out, out, data=local)
     dx, _ = plan.backward(dy, tape, params)
     return value, np.asarray(dx.data)

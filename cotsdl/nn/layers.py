@@ -17,9 +17,9 @@ import numpy as np
 from .. import backend, ops
 from ..array.box import Box
 from ..array.rfmap import RFMap
+from ..checks import nonneg, pair, positive_int
 from ..ops import costs
-from ..ops import normalization as _lcn
-from ..ops._args import pair, real
+from ..ops.shapes import lcn_params
 
 Reduce = Callable[[np.ndarray], np.ndarray]
 
@@ -54,8 +54,7 @@ class LocalFilter:
         object.__setattr__(self, "size", pair("filter size", self.size))
         object.__setattr__(self, "stride", pair("filter stride", self.stride))
         object.__setattr__(self, "block", pair("filter block", self.block))
-        if not isinstance(self.channels, (int, np.integer)) or isinstance(self.channels, bool) or self.channels < 1:
-            raise ValueError(f"filter channels must be a positive integer, got {self.channels!r}")
+        positive_int("filter channels", self.channels)
 
     @property
     def rf(self) -> RFMap:
@@ -85,12 +84,19 @@ class LocalFilter:
             return _zeros(x, ctx.out.shape), None
         return ops.local_filter(x, ctx.params, self.stride, self.block), None
 
-    def backward_local(self, dy: np.ndarray, x: np.ndarray, y: np.ndarray, cache, ctx: Context):
+    def adjoint_local(self, h: np.ndarray, ctx: Context):
+        """The filter's adjoint (backward-data) on this rank's sites: h on the owned output box ->
+        contributions on the input window (to be summed into the owners)."""
         if ctx.out.is_empty:
-            return _zeros(dy, ctx.window.shape), _zeros(dy, ctx.params.shape)
-        dx = ops.local_filter_backward_data(dy, ctx.params, self.stride, self.block, input_shape=x.shape)
-        dw = ops.local_filter_backward_weights(x, dy, self.size, self.stride, self.block)
-        return dx, dw
+            return _zeros(h, ctx.window.shape)
+        return ops.local_filter_backward_data(h, ctx.params, self.stride, self.block, input_shape=ctx.window.shape)
+
+    def backward_local(self, dy: np.ndarray, x: np.ndarray, y: np.ndarray, cache, ctx: Context,
+                       input_grad: bool = True):
+        dx = self.adjoint_local(dy, ctx) if input_grad else None
+        if ctx.out.is_empty:
+            return dx, _zeros(dy, ctx.params.shape)
+        return dx, ops.local_filter_backward_weights(x, dy, self.size, self.stride, self.block)
 
 
 @dataclass(frozen=True)
@@ -105,8 +111,7 @@ class L2Pool:
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", pair("pool size", self.size))
         object.__setattr__(self, "stride", pair("pool stride", self.stride))
-        if not real("pool eps", self.eps) >= 0:
-            raise ValueError(f"pool eps must be >= 0, got {self.eps!r}")
+        nonneg("pool eps", self.eps)
 
     @property
     def rf(self) -> RFMap:
@@ -129,7 +134,9 @@ class L2Pool:
             return _zeros(x, ctx.out.shape), None
         return ops.l2_pool(x, self.size, self.stride, self.eps), None
 
-    def backward_local(self, dy, x, y, cache, ctx: Context):
+    def backward_local(self, dy, x, y, cache, ctx: Context, input_grad: bool = True):
+        if not input_grad:  # no weights: nothing else to compute
+            return None, None
         if ctx.out.is_empty:
             return _zeros(dy, ctx.window.shape), None
         return ops.l2_pool_backward(dy, x, y, self.size, self.stride), None
@@ -145,13 +152,7 @@ class LCN:
     kind: str = field(default="lcn", init=False)
 
     def __post_init__(self) -> None:
-        if (not isinstance(self.size, (int, np.integer)) or isinstance(self.size, bool) or self.size < 1
-                or self.size % 2 == 0):
-            raise ValueError(f"lcn size must be an odd positive integer, got {self.size!r}")
-        if not real("lcn sigma", self.sigma) > 0:
-            raise ValueError(f"lcn sigma must be > 0, got {self.sigma!r}")
-        if not real("lcn eps", self.eps) >= 0:
-            raise ValueError(f"lcn eps must be >= 0, got {self.eps!r}")
+        lcn_params(self.size, self.sigma, self.eps, prefix="lcn ")
 
     @property
     def rf(self) -> RFMap:
@@ -179,14 +180,12 @@ class LCN:
         win, out = self._boxes(ctx)
         if ctx.out.is_empty:  # no pixels, but the group reduction must still be joined
             x = _zeros(x, (0, 0) + tuple(ctx.in_shape[2:]))
-        y, cache = _lcn.forward_local(x, win, out, ctx.in_shape[:2], self.size, self.sigma, self.eps, ctx.allreduce)
+        y, cache = ops.lcn_window(x, win, out, ctx.in_shape[:2], self.size, self.sigma, self.eps, ctx.allreduce)
         return y if not ctx.out.is_empty else _zeros(x, ctx.out.shape), cache
 
-    def backward_local(self, dy, x, y, cache, ctx: Context):
+    def backward_local(self, dy, x, y, cache, ctx: Context, input_grad: bool = True):
+        # computed even without input_grad: the group reduction inside must be joined by every rank
         if ctx.out.is_empty:
             dy = _zeros(dy, (0, 0) + tuple(ctx.in_shape[2:]))
-        dx = _lcn.backward_local(dy, cache, ctx.allreduce)
+        dx = ops.lcn_window_backward(dy, cache, ctx.allreduce)
         return (dx if not ctx.out.is_empty else _zeros(dy, ctx.window.shape)), None
-
-
-LAYER_KINDS = {"filter": LocalFilter, "pool": L2Pool, "lcn": LCN}

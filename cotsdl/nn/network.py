@@ -48,19 +48,33 @@ class Network:
             raise ValueError("a network needs at least one stage")
         self.input_shape = shape
         self.stages = list(stages)
+        #: (stage, kind) of every layer, in ``layers`` order: the one stage-to-layer map.
+        self.roles: list[tuple[int, str]] = [(k, layer.kind) for k, st in enumerate(self.stages) for layer in st.layers]
         # Shapes (without N) of every layer's input, checked now so errors name the layer.
         self.shapes: list[tuple[int, int, int]] = [shape]
         for li, layer in enumerate(self.layers):
             s = self.shapes[-1]
             units = layer.units(s + (1,))
             if min(units) < 1:
-                raise ValueError(f"layer {li} ({layer.kind} of stage {li // 3}) does not fit its input "
+                raise ValueError(f"layer {li} ({layer.kind} of stage {self.roles[li][0]}) does not fit its input "
                                  f"{s[0]}x{s[1]}x{s[2]}: {layer}")
             self.shapes.append(tuple(layer.out_shape(s + (1,))[:3]))
 
     @property
     def layers(self) -> list[Any]:
         return [layer for st in self.stages for layer in st.layers]
+
+    def layer_index(self, stage: int, kind: str = "filter") -> int:
+        """Index into ``layers`` of the ``kind`` layer (``filter``, ``pool``, ``lcn``) of ``stage``."""
+        try:
+            return self.roles.index((stage, kind))
+        except ValueError:
+            raise ValueError(f"the network has no {kind} layer in stage {stage!r} "
+                             f"({len(self.stages)} stage(s))") from None
+
+    def stage_of(self, index: int) -> int:
+        """The stage layer ``index`` belongs to."""
+        return self.roles[index][0]
 
     def output_shape(self) -> tuple[int, int, int]:
         return self.shapes[-1]

@@ -7,6 +7,11 @@ that window from the owners of the previous layer's output (for layer 0, from a
 balanced block of the input images).  Forward exchanges, then computes locally;
 backward computes locally, then sums window gradients back to their owners with
 the adjoint exchange.  A 1x1 grid runs exactly the same code.
+
+This is the only module that combines :mod:`cotsdl.ops` (through the layers) with
+exchanges.  Besides whole passes (:meth:`NetworkPlan.forward`, :meth:`NetworkPlan.backward`
+over any contiguous run of layers) it offers the filter's adjoint as a distributed
+operation (:meth:`NetworkPlan.adjoint`), the decoder of an autoencoder.
 """
 from __future__ import annotations
 
@@ -14,10 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
-
 from .. import backend
 from ..array.box import Box
+from ..array.collective import allreduce
 from ..array.distarray import DistArray
 from ..array.exchange import ExchangePlan
 from ..array.grid import ProcessGrid
@@ -41,11 +45,16 @@ class LayerPlan:
 
 @dataclass
 class Tape:
-    """What a forward pass keeps for the backward pass."""
+    """What a forward pass over layers ``first, first + 1, ...`` keeps for the backward pass."""
 
-    inputs: list[np.ndarray]
-    outputs: list[np.ndarray]
+    inputs: list[np.ndarray]  # each layer's input window
+    outputs: list[np.ndarray]  # each layer's owned output
     caches: list[Any]
+    first: int = 0
+
+    @property
+    def layers(self) -> range:
+        return range(self.first, self.first + len(self.inputs))
 
 
 class NetworkPlan:
@@ -93,50 +102,86 @@ class NetworkPlan:
                          self.input_owned, data=data, dtype=self.dtype)
 
     def _allreduce(self, a: Any) -> Any:
-        # Per-image sums of N numbers: staging through the host costs nothing here.
-        host = np.ascontiguousarray(backend.to_numpy(a))
-        self.grid.comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
-        return backend.array_module(a).asarray(host)
+        # LCN's per-image sums over the model group (N numbers)
+        return allreduce(self.grid.comm, backend.array_module(a).ascontiguousarray(a))
 
     def context(self, lp: LayerPlan, params: dict[int, np.ndarray] | None) -> Context:
         """The boxes, group reduction and weights a layer computes with on this rank."""
         return Context(lp.in_shape, lp.window, lp.out, self._allreduce,
                        None if params is None else params.get(lp.index))
 
-    # -- passes ---------------------------------------------------------------
-    def forward(self, x: DistArray, params: dict[int, np.ndarray], upto: int | None = None) -> tuple[DistArray, Tape]:
-        """Output of layers ``[0, upto)`` (all by default) on this rank's owned box, and the tape."""
-        tape = Tape([], [], [])
-        cur = x
+    # -- the two halves of a layer's communication --------------------------------
+    def _fill_window(self, lp: LayerPlan, x: DistArray) -> Any:
+        """Layer ``lp``'s input window on this rank, filled from the owners of ``x``."""
         xp = backend.array_module(x.data)
-        for lp in self.layers[:upto]:
-            win = DistArray(cur.comm, lp.in_shape, lp.window, data=xp.empty(lp.window.shape, self.dtype))
-            lp.exchange.exchange(cur, win, validate=False)
-            y, cache = lp.layer.forward_local(win.data, self.context(lp, params))
+        win = DistArray(x.comm, lp.in_shape, lp.window, data=xp.empty(lp.window.shape, self.dtype))
+        lp.exchange.exchange(x, win, validate=False)
+        return win.data
+
+    def _sum_window(self, lp: LayerPlan, dwin: Any) -> DistArray:
+        """Contributions on layer ``lp``'s input window summed into their owners (the adjoint of
+        :meth:`_fill_window`); the result is in the owned layout of the layer's input."""
+        xp = backend.array_module(dwin)
+        comm = self.grid.comm
+        src = DistArray(comm, lp.in_shape, lp.window, data=dwin.astype(self.dtype, copy=False))
+        owners = DistArray(comm, lp.in_shape, lp.src_owned, lp.src_owned, data=xp.empty(lp.src_owned.shape, self.dtype))
+        lp.exchange.exchange_adjoint(src, owners, validate=False)
+        return owners
+
+    def _layers(self, start: int, upto: int | None) -> list[LayerPlan]:
+        stop = len(self.layers) if upto is None else upto
+        if not 0 <= start <= stop <= len(self.layers):
+            raise ValueError(f"layers [{start}, {upto}) are not a run of this network's {len(self.layers)} layers")
+        return self.layers[start:stop]
+
+    # -- passes ---------------------------------------------------------------
+    def forward(self, x: DistArray, params: dict[int, np.ndarray], upto: int | None = None, *,
+                start: int = 0) -> tuple[DistArray, Tape]:
+        """Output of layers ``[start, upto)`` (all by default) on this rank's owned box, and the tape.
+
+        ``x`` is in the owned layout of layer ``start``'s input (the images for ``start`` 0).
+        """
+        run = self._layers(start, upto)
+        tape = Tape([], [], [], first=start)
+        cur = x
+        for lp in run:
+            xwin = self._fill_window(lp, cur)
+            y, cache = lp.layer.forward_local(xwin, self.context(lp, params))
             if y.dtype != self.dtype or y.shape != lp.out.shape:  # numpy 2 promotes silently
                 raise AssertionError(f"layer {lp.index} produced {y.dtype} {y.shape}, expected {self.dtype} {lp.out.shape}")
-            tape.inputs.append(win.data)
+            tape.inputs.append(xwin)
             tape.outputs.append(y)
             tape.caches.append(cache)
             cur = DistArray(cur.comm, lp.out_shape, lp.out, lp.out, data=y)
         return cur, tape
 
-    def backward(self, dy: DistArray, tape: Tape, params: dict[int, np.ndarray]) -> tuple[DistArray, dict[int, np.ndarray]]:
-        """Gradients w.r.t. the input (owned layout) and the weights, from dy on the owned output."""
+    def backward(self, dy: DistArray, tape: Tape, params: dict[int, np.ndarray], *,
+                 input_grad: bool = True) -> tuple[DistArray | None, dict[int, np.ndarray]]:
+        """Gradients w.r.t. the tape's input (owned layout) and the weights, from dy on the owned output.
+
+        ``input_grad=False`` stops at the weights of the tape's first layer (no input gradient
+        is computed or exchanged; None is returned for it).
+        """
         grads: dict[int, np.ndarray] = {}
-        xp = backend.array_module(dy.data)
         cur = dy
-        for lp in reversed(self.layers[:len(tape.inputs)]):
-            i = lp.index
-            dx, dw = lp.layer.backward_local(cur.data, tape.inputs[i], tape.outputs[i], tape.caches[i],
-                                             self.context(lp, params))
+        for i in reversed(tape.layers):
+            lp, k = self.layers[i], i - tape.first
+            need = input_grad or i > tape.first
+            dx, dw = lp.layer.backward_local(cur.data, tape.inputs[k], tape.outputs[k], tape.caches[k],
+                                             self.context(lp, params), input_grad=need)
             if dw is not None:
                 grads[i] = dw
-            dwin = DistArray(cur.comm, lp.in_shape, lp.window, data=dx.astype(self.dtype, copy=False))
-            prev = DistArray(cur.comm, lp.in_shape, lp.src_owned, lp.src_owned, data=xp.empty(lp.src_owned.shape, self.dtype))
-            lp.exchange.exchange_adjoint(dwin, prev, validate=False)
-            cur = prev
+            cur = self._sum_window(lp, dx) if need else None
         return cur, grads
+
+    def adjoint(self, index: int, h: DistArray, w: Any) -> DistArray:
+        """F_w^T h for filter layer ``index``: its adjoint (backward-data) applied to ``h`` (owned
+        output layout) with weights ``w``, summed into the owned layout of the layer's input.
+        The decoder of a tied-weight autoencoder."""
+        lp = self.layers[index]
+        if lp.layer.kind != "filter":
+            raise ValueError(f"layer {index} is a {lp.layer.kind} layer; only filters have an adjoint here")
+        return self._sum_window(lp, lp.layer.adjoint_local(h.data, self.context(lp, {index: w})))
 
     def describe(self) -> str:
         """A table of every layer: shapes, this rank's boxes, FLOPs and halo bytes."""

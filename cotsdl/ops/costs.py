@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .shapes import window_sites
+
 
 @dataclass(frozen=True)
 class Cost:
@@ -27,7 +29,8 @@ def local_filter(H: int, W: int, C: int, N: int, size, stride, block, K: int, it
     M = bh*bw*K, R = rh*rw*C.  The weights (S*M*R) are read or written once per pass.
     """
     (rh, rw), (sh, sw), (bh, bw) = size, stride, block
-    S = ((H - rh) // sh + 1) * ((W - rw) // sw + 1)
+    SH, SW = window_sites((H, W), (rh, rw), (sh, sw))
+    S = SH * SW
     M, R = bh * bw * K, rh * rw * C
     flops = 2.0 * S * M * R * N
     x, w, y = H * W * C * N, S * M * R, S * M * N
@@ -45,7 +48,8 @@ def l2_pool(H: int, W: int, C: int, N: int, size, stride, itemsize: int = 4) -> 
     it reads dy, x and y and writes dx.
     """
     (ph, pw), (qh, qw) = size, stride
-    P = ((H - ph) // qh + 1) * ((W - pw) // qw + 1) * C * N
+    PH, PW = window_sites((H, W), (ph, pw), (qh, qw))
+    P = PH * PW * C * N
     x = H * W * C * N
     return {
         "forward": Cost(P * (2.0 * ph * pw + 1), itemsize * (x + P)),

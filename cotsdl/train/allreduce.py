@@ -1,13 +1,17 @@
 """Averaging gradients across data-parallel replicas with few, large allreduces.
 
 As Horovod's tensor fusion does, the arrays are packed into buckets of at most
-``bucket_bytes`` and each bucket is reduced with one ``Allreduce``: many small
-arrays cost one latency, not one each.
+``bucket_bytes`` and each bucket is reduced with one allreduce: many small arrays
+cost one latency, not one each.  The buckets live where the arrays live (host or
+device); :func:`cotsdl.array.collective.allreduce` hands them to MPI safely.
 """
 from __future__ import annotations
 
 import numpy as np
 from mpi4py import MPI
+
+from .. import backend
+from ..array.collective import allreduce
 
 BUCKET_BYTES = 64 << 20
 
@@ -30,8 +34,9 @@ def average(comm: MPI.Comm, arrays: dict[str, np.ndarray], bucket_bytes: int = B
                 bucket.append(n)
                 nbytes += arrays[n].nbytes
                 continue
-            buf = np.concatenate([arrays[b].ravel() for b in bucket]) if bucket else np.zeros(0, dtype)
-            comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+            xp = backend.array_module(arrays[bucket[0]]) if bucket else np
+            buf = xp.concatenate([arrays[b].ravel() for b in bucket]) if bucket else np.zeros(0, dtype)
+            allreduce(comm, buf)
             buf /= dtype.type(size)
             off = 0
             for b in bucket:

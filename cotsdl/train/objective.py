@@ -16,40 +16,19 @@ where dW_F(a, b) is the filter's backward-weights with input a and output gradie
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from .. import backend, ops
+from .. import backend
+from ..array.collective import sum_values
 from ..array.distarray import DistArray
+from ..array.grid import ProcessGrid
+from ..nn.layers import LCN, L2Pool, LocalFilter
+from ..nn.network import Network, Stage
 from ..nn.plan import NetworkPlan
-
-
-def sparse_ae_loss(x, w, *, stride, block=(1, 1), pool_size, pool_stride, lam, eps, w_dec=None):
-    """J and dJ/dw for one process (tied weights; with ``w_dec``, untied: returns (J, dw, dw_dec)).
-
-    ``x`` is (H, W, C, N); ``w`` the filter weights (SH, SW, M, rh, rw, C).
-    """
-    if not float(eps) > 0:
-        raise ValueError(f"eps must be > 0 (it keeps the pooled sparsity differentiable), got {eps!r}")
-    size = w.shape[3:5]
-    N = x.shape[3]
-    xp = backend.array_module(x)
-    dec = w if w_dec is None else w_dec
-    h = ops.local_filter(x, w, stride, block)
-    xh = ops.local_filter_backward_data(h, dec, stride, block, input_shape=x.shape)
-    r = xh - x
-    p = ops.l2_pool(h, pool_size, pool_stride, eps)
-    dt = x.dtype.type
-    J = (float((r * r).sum()) + float(lam) * float(p.sum())) / N
-    dxh = r * dt(2.0 / N)
-    dh = ops.local_filter(dxh, dec, stride, block)
-    dh += ops.l2_pool_backward(xp.full(p.shape, dt(float(lam) / N), x.dtype), h, p, pool_size, pool_stride)
-    dw = ops.local_filter_backward_weights(x, dh, size, stride, block)
-    dw_dec = ops.local_filter_backward_weights(dxh, h, size, stride, block)
-    if w_dec is None:
-        return J, dw + dw_dec
-    return J, dw, dw_dec
 
 
 @dataclass
@@ -62,68 +41,70 @@ class LossParts:
 class StageObjective:
     """The objective of stage ``stage`` of a network laid out by ``plan``, over its process grid.
 
-    The input of the stage is this rank's owned block of the stage input (the output of
-    the previous stage, or the images).  The decoder output of each rank's sites lands
-    in its input window and is summed back to the owners with the adjoint exchange;
-    the loss terms are reduced over the grid.
+    Written with the plan's distributed operations only (the encoder sub-plan, the
+    filter's adjoint, the pool): the plan does every exchange.  The input of the stage
+    is this rank's owned block of the stage input (the output of the previous stage,
+    or the images); the loss terms are summed over the grid.
     """
 
     def __init__(self, plan: NetworkPlan, stage: int, lam: float, tied: bool = True):
         self.plan, self.stage, self.lam, self.tied = plan, stage, float(lam), tied
-        self.filt = plan.layers[3 * stage]
-        self.pool = plan.layers[3 * stage + 1]
-        self.comm = plan.grid.comm
-        if not float(self.pool.layer.eps) > 0:
-            raise ValueError(f"stage {stage}: the pool eps must be > 0 for training, got {self.pool.layer.eps}")
+        self.f = plan.network.layer_index(stage, "filter")
+        self.p = plan.network.layer_index(stage, "pool")
+        if self.p != self.f + 1:
+            raise ValueError(f"stage {stage}: the objective needs the pool right after the filter")
+        eps = plan.layers[self.p].layer.eps
+        if not float(eps) > 0:
+            raise ValueError(f"stage {stage}: the pool eps must be > 0 for training, got {eps}")
 
-    def _reduce(self, *values: float) -> np.ndarray:
-        a = np.array(values, dtype=np.float64)
-        self.comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
-        return a
-
-    def value_and_grad(self, x: DistArray, w: np.ndarray, w_dec: np.ndarray | None = None):
+    def value_and_grad(self, x: DistArray, w: Any, w_dec: Any | None = None):
         """(LossParts, dJ/dw local[, dJ/dw' local]) on this rank's sites."""
-        f, pl = self.filt, self.pool
-        layer, dt = f.layer, self.plan.dtype
+        plan, f, p, dt = self.plan, self.f, self.p, self.plan.dtype
         xp = backend.array_module(x.data)
-        N = self.plan.batch
+        N = plan.batch
         dec = w if w_dec is None else w_dec
-        ctx = self.plan.context(f, {f.index: w})
-        ctx_dec = self.plan.context(f, {f.index: dec})
-        xwin = DistArray(x.comm, f.in_shape, f.window, data=xp.empty(f.window.shape, dt))
-        f.exchange.exchange(x, xwin, validate=False)
-        h, _ = layer.forward_local(xwin.data, ctx)
-        empty = f.out.is_empty
-        # decoder: adjoint of the filter, summed into the owners of the stage input
-        xh_win = (xp.zeros(f.window.shape, dt) if empty else
-                  ops.local_filter_backward_data(h, dec, layer.stride, layer.block, input_shape=xwin.data.shape))
-        xh = DistArray(x.comm, f.in_shape, f.src_owned, f.src_owned, data=xp.empty(f.src_owned.shape, dt))
-        f.exchange.exchange_adjoint(DistArray(x.comm, f.in_shape, f.window, data=xh_win.astype(dt, copy=False)), xh,
-                                    validate=False)
+        h, enc = plan.forward(x, {f: w}, start=f, upto=p)  # h = F_w(x)
+        xh = plan.adjoint(f, h, dec)  # x_hat = F_{w'}^T(h)
         r = xh.data - x.owned_data
-        # sparsity: L2 pool of h over the pool's windows
-        hwin = DistArray(x.comm, pl.in_shape, pl.window, data=xp.empty(pl.window.shape, dt))
-        pl.exchange.exchange(DistArray(x.comm, f.out_shape, f.out, f.out, data=h), hwin, validate=False)
-        p, _ = pl.layer.forward_local(hwin.data, self.plan.context(pl, None))
-        rec, spa = self._reduce(float((r * r).sum()), float(p.sum()))
+        pooled, pool_tape = plan.forward(h, {}, start=p, upto=p + 1)  # p = P(h)
+        rec, spa = sum_values(plan.grid.comm, [(r * r).sum(), pooled.data.sum()])
         parts = LossParts((rec + self.lam * spa) / N, rec / N, self.lam * spa / N)
         # backward
-        dxh = DistArray(x.comm, f.in_shape, f.src_owned, f.src_owned, data=(r * dt.type(2.0 / N)).astype(dt, copy=False))
-        dxh_win = DistArray(x.comm, f.in_shape, f.window, data=xp.empty(f.window.shape, dt))
-        f.exchange.exchange(dxh, dxh_win, validate=False)
-        dh = layer.forward_local(dxh_win.data, ctx_dec)[0]
-        dp = xp.full(p.shape, dt.type(self.lam / N), dt)
-        dh_win, _ = pl.layer.backward_local(dp, hwin.data, p, None, self.plan.context(pl, None))
-        dh_sp = DistArray(x.comm, f.out_shape, f.out, f.out, data=xp.empty(f.out.shape, dt))
-        pl.exchange.exchange_adjoint(DistArray(x.comm, pl.in_shape, pl.window, data=dh_win), dh_sp, validate=False)
-        dh = dh + dh_sp.data
-
-        def dweights(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-            if empty:
-                return xp.zeros(w.shape, dt)
-            return ops.local_filter_backward_weights(a, b, layer.size, layer.stride, layer.block)
-
-        dw, dw_dec = dweights(xwin.data, dh), dweights(dxh_win.data, h)
+        dxh = DistArray(x.comm, xh.shape, xh.window, xh.owned, data=(r * dt.type(2.0 / N)).astype(dt, copy=False))
+        dh, dec_tape = plan.forward(dxh, {f: dec}, start=f, upto=p)  # F_{w'}(dx_hat), the decoder's transpose
+        dp = DistArray(x.comm, pooled.shape, pooled.window, pooled.owned, data=xp.full(pooled.data.shape,
+                                                                                         dt.type(self.lam / N), dt))
+        dh_sparsity, _ = plan.backward(dp, pool_tape, {})  # P^T(lam / N)
+        dh.data += dh_sparsity.data
+        _, enc_grads = plan.backward(dh, enc, {f: w}, input_grad=False)  # dW_F(x, dh)
+        _, dec_grads = plan.backward(h, dec_tape, {f: dec}, input_grad=False)  # dW_F(dx_hat, h)
         if w_dec is None:
-            return parts, dw + dw_dec
-        return parts, dw, dw_dec
+            return parts, enc_grads[f] + dec_grads[f]
+        return parts, enc_grads[f], dec_grads[f]
+
+
+@lru_cache(maxsize=16)
+def _one_process_plan(in_shape: tuple[int, ...], size: tuple[int, int], stride: tuple[int, int],
+                      block: tuple[int, int], channels: int, pool_size: tuple[int, int],
+                      pool_stride: tuple[int, int], eps: float, dtype: str) -> NetworkPlan:
+    # The stage's LCN is never evaluated by the objective: a 1-pixel window stands in for it.
+    stage = Stage(LocalFilter(size, stride, channels, block), L2Pool(pool_size, pool_stride, eps), LCN(1, 1.0))
+    grid = ProcessGrid(MPI.COMM_SELF, (1, 1))
+    return NetworkPlan(Network(in_shape[:3], [stage]), grid, in_shape[3], np.dtype(dtype))
+
+
+def sparse_ae_loss(x, w, *, stride, block=(1, 1), pool_size, pool_stride, lam, eps, w_dec=None):
+    """J and dJ/dw for one process (tied weights; with ``w_dec``, untied: returns (J, dw, dw_dec)).
+
+    ``x`` is (H, W, C, N); ``w`` the filter weights (SH, SW, M, rh, rw, C).  It is the
+    1x1-grid case of :class:`StageObjective`: the same code on a one-rank plan.
+    """
+    if not float(eps) > 0:
+        raise ValueError(f"eps must be > 0 (it keeps the pooled sparsity differentiable), got {eps!r}")
+    block = tuple(block) if not np.isscalar(block) else (block, block)
+    plan = _one_process_plan(tuple(x.shape), tuple(w.shape[3:5]), tuple(np.broadcast_to(stride, 2).tolist()),
+                             block, w.shape[2] // (block[0] * block[1]), tuple(np.broadcast_to(pool_size, 2).tolist()),
+                             tuple(np.broadcast_to(pool_stride, 2).tolist()), float(eps), np.dtype(x.dtype).name)
+    xin = plan.input_array(backend.array_module(x).ascontiguousarray(x))
+    out = StageObjective(plan, 0, lam).value_and_grad(xin, w, w_dec)
+    return (out[0].total,) + tuple(out[1:])

@@ -16,6 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import backend
+from ..array.collective import sum_values
 from . import schedules
 
 
@@ -39,10 +40,7 @@ class Optimizer:
 
     # -- group reductions -------------------------------------------------------
     def _sum(self, values: list[float]) -> np.ndarray:
-        a = np.array(values, dtype=np.float64)
-        if self.comm is not None:
-            self.comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
-        return a
+        return sum_values(self.comm, values)
 
     def layer_norms(self, arrays: dict[str, np.ndarray]) -> dict[str, float]:
         """The 2-norm of every named array over the whole group (one allreduce)."""
@@ -244,6 +242,3 @@ class LAMB(Adam):
         for name in sorted(params):
             trust = pn[name] / rn[name] if pn[name] > 0 and rn[name] > 0 else 1.0
             params[name] -= params[name].dtype.type(lr * trust) * ratios[name]
-
-
-OPTIMIZERS = {"SGD": SGD, "AdaGrad": AdaGrad, "RMSProp": RMSProp, "Adam": Adam, "LARS": LARS, "LAMB": LAMB}

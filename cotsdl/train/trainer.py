@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 from .. import backend
 from ..array.collect import gather
-from ..array.collective import agree, agreed, raise_collectively
+from ..array.collective import agree, agreed, raise_collectively, sum_values
 from ..array.distarray import DistArray
 from ..array.grid import split_replicas
 from ..io import checkpoint
@@ -31,10 +31,6 @@ from . import allreduce
 from .objective import StageObjective
 from .optim import Optimizer
 from .schedules import describe as schedules_describe
-
-
-def _cupy():
-    return backend.cupy_module()  # only with the cuda backend; a clear error without CuPy
 
 
 def _optimizer_name(kind: str, hyper: dict[str, Any]) -> str:
@@ -140,7 +136,7 @@ class GreedyTrainer:
         self.plan = NetworkPlan(network, self.layout.grid, int(batch), dtype)
         self.batch, self.replicas, self.lam, self.tied, self.seed = int(batch), int(replicas), float(lam), tied, int(seed)
         # With the cuda backend the weights, the optimizer state and the images live on the GPU.
-        self.xp = backend.array_module(None) if backend.name() != "cuda" else _cupy()
+        self.xp = backend.xp()
         self.params = {k: self.xp.asarray(v) for k, v in self.plan.init_params(seed).items()}
         self.decoders = {} if tied else {i: w.copy() for i, w in self.params.items()}
         self.template = optimizer
@@ -198,7 +194,7 @@ class GreedyTrainer:
         raise_collectively(self.world, err, RuntimeError)
         if stage == 0:
             return x
-        y, _ = self.plan.forward(x, self.params, upto=3 * stage)
+        y, _ = self.plan.forward(x, self.params, upto=self.network.layer_index(stage, "filter"))
         return y
 
     def _train_step(self, stage: int, objective: StageObjective) -> dict[str, Any]:
@@ -216,8 +212,7 @@ class GreedyTrainer:
         losses = np.array([parts.total, parts.reconstruction, parts.sparsity])
         if self.replicas > 1:
             grads = allreduce.average(self.layout.replica_comm, grads)
-            self.layout.replica_comm.Allreduce(MPI.IN_PLACE, losses, op=MPI.SUM)
-            losses /= self.replicas
+            losses = sum_values(self.layout.replica_comm, losses) / self.replicas
         finite = bool(np.all(np.isfinite(losses)) and all(bool(self.xp.isfinite(g).all()) for g in grads.values()))
         finite = bool(self.world.allreduce(finite, op=MPI.LAND))  # every rank skips together
         if finite:

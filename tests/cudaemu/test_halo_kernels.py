@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from cotsdl import backend
 from cotsdl.array import boxcopy
 from cotsdl.array.box import Box
 
@@ -9,8 +10,9 @@ ORDERS = ["forward", "reverse"]
 
 
 @pytest.fixture(autouse=True)
-def emulated(monkeypatch):
-    monkeypatch.setenv("COTSDL_BACKEND", "cuda-emu")
+def emulated():
+    with backend.using("cuda-emu"):
+        yield
 
 
 def random_case(rng, dtype):

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from cotsdl import backend
 from cotsdl.array import DistArray, ExchangePlan, ProcessGrid
 from helpers import agree, grids, random_halo_windows, random_shape
 
@@ -27,10 +28,10 @@ def exchange_both_ways(comm, dims, seed):
 
 @pytest.mark.parametrize("dims", grids())
 @pytest.mark.parametrize("seed", range(3))
-def test_emulated_kernels_equal_numpy(comm, monkeypatch, dims, seed):
-    monkeypatch.setenv("COTSDL_BACKEND", "numpy")
-    ref = exchange_both_ways(comm, dims, seed)
-    monkeypatch.setenv("COTSDL_BACKEND", "cuda-emu")
-    emu = exchange_both_ways(comm, dims, seed)
+def test_emulated_kernels_equal_numpy(comm, dims, seed):
+    with backend.using("numpy"):
+        ref = exchange_both_ways(comm, dims, seed)
+    with backend.using("cuda-emu"):
+        emu = exchange_both_ways(comm, dims, seed)
     ok = np.array_equal(ref[0], emu[0]) and np.array_equal(ref[1], emu[1])
     assert agree(comm, ok)

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from cotsdl import backend
 from cotsdl.nn import Network
 from helpers import agree, grids
 from netcases import DESC
@@ -16,10 +17,10 @@ def test_two_stage_network_on_emulated_kernels(comm, monkeypatch, dims):
     import test_network
 
     monkeypatch.setattr(test_network, "network", lambda: Network.from_description(TWO))
-    monkeypatch.setenv("COTSDL_BACKEND", "numpy")
-    ref = run(comm, dims, np.float32)
-    monkeypatch.setenv("COTSDL_BACKEND", "cuda-emu")
-    emu = run(comm, dims, np.float32)
+    with backend.using("numpy"):
+        ref = run(comm, dims, np.float32)
+    with backend.using("cuda-emu"):
+        emu = run(comm, dims, np.float32)
     ok = True
     if comm.Get_rank() == 0:
         for key in ref:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+from cotsdl import backend
 from cotsdl.nn import Network
 from cotsdl.train import Adam, GreedyTrainer, InMemorySource, Momentum
 
@@ -223,16 +224,16 @@ def test_unwritable_metrics_file_is_named():
         small_trainer(metrics_file="/nonexistent/m.jsonl")
 
 
-def test_training_on_the_emulated_cuda_kernels_matches_numpy(monkeypatch):
+def test_training_on_the_emulated_cuda_kernels_matches_numpy():
     desc = {"input": [16, 15, 1], "stages": NET3["stages"][:2]}
     imgs = np.random.default_rng(0).standard_normal((16, 16, 15, 1))
 
     def weights(name):
-        monkeypatch.setenv("COTSDL_BACKEND", name)
-        tr = GreedyTrainer(Network.from_description(desc), InMemorySource(imgs), Adam(0.01), comm=MPI.COMM_SELF,
-                           batch=4, log_every=0)
-        tr.train([2, 2])
-        return [tr.gather_weights(k) for k in range(2)], [r["loss"] for r in tr.history]
+        with backend.using(name):
+            tr = GreedyTrainer(Network.from_description(desc), InMemorySource(imgs), Adam(0.01), comm=MPI.COMM_SELF,
+                               batch=4, log_every=0)
+            tr.train([2, 2])
+            return [tr.gather_weights(k) for k in range(2)], [r["loss"] for r in tr.history]
 
     (w_np, l_np), (w_emu, l_emu) = weights("numpy"), weights("cuda-emu")
     np.testing.assert_allclose(l_emu, l_np, rtol=1e-4)

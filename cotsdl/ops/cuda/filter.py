@@ -1,7 +1,5 @@
-"""The CUDA backend of the operations: wrappers that check, allocate and launch the kernels
-of ``cuda/filter.cu`` and ``cuda/pool.cu`` (on a GPU through CuPy, or on NumPy arrays
-through the emulator with ``COTSDL_BACKEND=cuda-emu``).
-"""
+"""The block locally-connected filter on the CUDA kernels of ``cuda/filter.cu``: forward,
+backward-data (a gather form, no atomics) and backward-weights, all tiled GEMMs."""
 from __future__ import annotations
 
 from functools import lru_cache
@@ -9,20 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import backend
-from .filtering import check_backward_data, check_backward_weights, check_weights
-
-_SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
-THREADS = 256
-MAX_BLOCKS = 4096  # grid-stride kernels: enough blocks to fill a GPU
-
-
-def _suffix(a: Any) -> str:
-    return _SUFFIX[np.dtype(a.dtype)]
-
-
-def _contig(a: Any) -> Any:
-    return backend.array_module(a).ascontiguousarray(a)
+from ... import backend
+from ..shapes import check_backward_data, check_backward_weights, check_weights
+from ._launch import contig as _contig
+from ._launch import kernel
 
 
 def _tiles(m: int, n: int, dtype: Any = np.float32) -> dict[str, int]:
@@ -64,7 +52,7 @@ def _gemm_launch(name: str, like: Any, rows: int, cols: int, blocks: int, args: 
                  table: np.ndarray | None = None) -> None:
     """Launch a filter GEMM kernel; ``table`` replaces ``xoff`` (backward-data's cell indices)."""
     t = _tiles(rows, cols, like.dtype)
-    k = backend.kernel("filter.cu", f"{name}_{_suffix(like)}", t, device_array=backend.is_device_array(like))
+    k = kernel("filter.cu", name, like, t)
     xp = backend.array_module(like)
     H, W, C, N, SH, SW, rh, rw, sh, sw, bh, bw, K = (int(v) for v in geom)
     xoff, yoff = (xp.asarray(o) for o in _offsets(H, W, C, N, SW, rh, rw, (bh, bw), K))
@@ -114,49 +102,3 @@ def filter_backward_weights(x: Any, dy: Any, size: tuple[int, int], stride: tupl
     _gemm_launch("filter_bwd_weights", x, M, R, SH * SW, (_contig(x), _contig(dy), dw),
                  _geom(H, W, C, N, SH, SW, rh, rw, stride, block, K))
     return dw
-
-
-def _grid(total: int) -> tuple[int]:
-    return (max(1, min(MAX_BLOCKS, -(-total // THREADS))),)
-
-
-def pool_forward(x: Any, size, stride, eps: float) -> Any:
-    H, W, C, N = x.shape
-    PH, PW = (H - size[0]) // stride[0] + 1, (W - size[1]) // stride[1] + 1
-    y = backend.array_module(x).empty((PH, PW, C, N), x.dtype)
-    if y.size == 0:
-        return y
-    k = backend.kernel("pool.cu", f"l2pool_fwd_{_suffix(x)}", device_array=backend.is_device_array(x))
-    ints = tuple(np.int32(v) for v in (H, W, C, N, size[0], size[1], stride[0], stride[1], PH, PW))
-    backend.launch(k, _grid(y.size), (THREADS,), (_contig(x), y) + ints + (np.dtype(x.dtype).type(eps),))
-    return y
-
-
-def pool_backward(dy: Any, x: Any, y: Any, size, stride) -> Any:
-    H, W, C, N = x.shape
-    PH, PW = y.shape[:2]
-    dx = backend.array_module(x).empty(x.shape, x.dtype)
-    if dx.size == 0:
-        return dx
-    k = backend.kernel("pool.cu", f"l2pool_bwd_{_suffix(x)}", device_array=backend.is_device_array(x))
-    ints = tuple(np.int32(v) for v in (H, W, C, N, size[0], size[1], stride[0], stride[1], PH, PW))
-    backend.launch(k, _grid(dx.size), (THREADS,), (_contig(dy), _contig(x), _contig(y), dx) + ints)
-    return dx
-
-
-def corr_axis(u: Any, u_box, out_box, image_hw, g1: np.ndarray, axis: int, z: tuple[Any, Any] | None = None) -> Any:
-    """One separable Gaussian pass of LCN over ``out_box`` (see ``cuda/lcn.cu``); 2-D boxes."""
-    xp = backend.array_module(u)
-    N = u.shape[2]
-    out = xp.empty(out_box.shape + (N,), u.dtype)
-    if out.size == 0:
-        return out
-    dt = np.dtype(u.dtype)
-    g = xp.asarray(g1.astype(dt))
-    zr, zc = (xp.asarray(z[0].astype(dt)), xp.asarray(z[1].astype(dt))) if z is not None else (g, g)
-    k = backend.kernel("lcn.cu", f"lcn_corr_axis_{_suffix(u)}", device_array=backend.is_device_array(u))
-    ints = tuple(np.int32(v) for v in (u_box.lo[0], u_box.lo[1], u_box.shape[0], u_box.shape[1], out_box.lo[0],
-                                       out_box.lo[1], out_box.shape[0], out_box.shape[1], N, axis, len(g1),
-                                       image_hw[0], image_hw[1], 1 if z is not None else 0))
-    backend.launch(k, _grid(out.size), (THREADS,), (_contig(u), out, g, zr, zc) + ints)
-    return out

@@ -1,4 +1,4 @@
-"""Block locally-connected filter, numpy backend: forward, backward-data, backward-weights.
+"""Block locally-connected filter on the CPU (numpy backend): forward, backward-data, backward-weights.
 
 Math (DESIGN.md section 3): x (H, W, C, N), weights w (SH, SW, M, rh, rw, C) with
 M = bh*bw*K, untied per site; output y (SH*bh, SW*bw, K, N) with
@@ -12,52 +12,13 @@ thread pool so both the gathering copies and the products keep every core busy.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from . import _args
+from ..shapes import check_backward_data, check_backward_weights, check_weights
 from .parallel import chunked
-
-
-def check_weights(x_shape: Sequence[int], w: Any, stride: tuple[int, int], block: tuple[int, int]) -> tuple[int, ...]:
-    """Validate ``w`` against an input of ``x_shape``; return (SH, SW, M, rh, rw, C, K)."""
-    if getattr(w, "ndim", None) != 6:
-        raise ValueError(f"w must be a 6-D array (SH, SW, M, rh, rw, C), got shape {getattr(w, 'shape', None)}")
-    sh_, sw_, m, rh, rw, c = w.shape
-    H, W, C = x_shape[:3]
-    if c != C:
-        raise ValueError(f"w has {c} input channels, x has {C}")
-    _args.fits("receptive field", (H, W), (rh, rw))
-    SH, SW = (H - rh) // stride[0] + 1, (W - rw) // stride[1] + 1
-    if (sh_, sw_) != (SH, SW):
-        raise ValueError(f"w has {sh_}x{sw_} sites; an input of {H}x{W} with receptive field {rh}x{rw} and "
-                         f"stride {stride} has {SH}x{SW}")
-    if m % (block[0] * block[1]):
-        raise ValueError(f"w has M={m} neurons per site, not a multiple of the block {block[0]}x{block[1]}")
-    return SH, SW, m, rh, rw, c, m // (block[0] * block[1])
-
-
-def check_backward_data(dy_shape: Sequence[int], w: Any, stride, block, input_shape) -> tuple[int, ...]:
-    """Validate backward-data's arguments (both backends); return (SH, SW, M, rh, rw, C, K)."""
-    H, W = int(input_shape[0]), int(input_shape[1])
-    SH, SW, M, rh, rw, C, K = check_weights((H, W, w.shape[5]), w, stride, block)
-    if tuple(dy_shape[:3]) != (SH * block[0], SW * block[1], K):
-        raise ValueError(f"dy has shape {tuple(dy_shape[:3])} (+N), expected {(SH * block[0], SW * block[1], K)} "
-                         "for these weights")
-    return SH, SW, M, rh, rw, C, K
-
-
-def check_backward_weights(x_shape: Sequence[int], dy_shape: Sequence[int], size, stride, block) -> tuple[int, int, int]:
-    """Validate backward-weights' arguments (both backends); return (SH, SW, K)."""
-    H, W, C, N = x_shape
-    _args.fits("receptive field", (H, W), size)
-    SH, SW = (H - size[0]) // stride[0] + 1, (W - size[1]) // stride[1] + 1
-    if dy_shape[0] != SH * block[0] or dy_shape[1] != SW * block[1] or dy_shape[3] != N:
-        raise ValueError(f"dy has shape {tuple(dy_shape)}, expected ({SH * block[0]}, {SW * block[1]}, K, {N}) for x "
-                         f"{tuple(x_shape)}, size {tuple(size)}, stride {tuple(stride)}, block {tuple(block)}")
-    return SH, SW, int(dy_shape[2])
 
 
 def _patches(x: np.ndarray, size: tuple[int, int], stride: tuple[int, int], sites: tuple[int, int]) -> np.ndarray:
@@ -83,13 +44,13 @@ def _output_to_sites(y: np.ndarray, block: tuple[int, int]) -> np.ndarray:
 
 
 def _gather(p6: np.ndarray, i0: int, i1: int) -> np.ndarray:
-    """Receptive fields of the site rows [i0, i1) as one contiguous (sites, R, N) block."""
-    block = np.ascontiguousarray(p6[i0:i1])
-    n, sw, rh, rw, c, N = block.shape
-    return block.reshape(n * sw, rh * rw * c, N)
+    """Receptive fields of the site rows [i0, i1) as one contiguous (sites, R, N) band."""
+    band = np.ascontiguousarray(p6[i0:i1])
+    n, sw, rh, rw, c, N = band.shape
+    return band.reshape(n * sw, rh * rw * c, N)
 
 
-def forward(x: np.ndarray, w: np.ndarray, stride: tuple[int, int], block: tuple[int, int]) -> np.ndarray:
+def filter_forward(x: np.ndarray, w: np.ndarray, stride: tuple[int, int], block: tuple[int, int]) -> np.ndarray:
     SH, SW, M, rh, rw, C, K = check_weights(x.shape, w, stride, block)
     N = x.shape[3]
     R = rh * rw * C
@@ -105,7 +66,7 @@ def forward(x: np.ndarray, w: np.ndarray, stride: tuple[int, int], block: tuple[
     return _sites_to_output(ys.reshape(SH, SW, M, N), block, K)
 
 
-def backward_data(dy: np.ndarray, w: np.ndarray, stride: tuple[int, int], block: tuple[int, int],
+def filter_backward_data(dy: np.ndarray, w: np.ndarray, stride: tuple[int, int], block: tuple[int, int],
                   input_shape: Sequence[int]) -> np.ndarray:
     H, W = int(input_shape[0]), int(input_shape[1])
     N = dy.shape[3]
@@ -133,7 +94,7 @@ def backward_data(dy: np.ndarray, w: np.ndarray, stride: tuple[int, int], block:
     return dx
 
 
-def backward_weights(x: np.ndarray, dy: np.ndarray, size: tuple[int, int], stride: tuple[int, int],
+def filter_backward_weights(x: np.ndarray, dy: np.ndarray, size: tuple[int, int], stride: tuple[int, int],
                      block: tuple[int, int]) -> np.ndarray:
     H, W, C, N = x.shape
     rh, rw = size

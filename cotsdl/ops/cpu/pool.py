@@ -1,4 +1,4 @@
-"""L2 pooling, numpy backend.
+"""L2 pooling on the CPU (numpy backend).
 
     y[i, j, c, n] = sqrt(eps + sum_{p<ph, q<pw} x[i*qh+p, j*qw+q, c, n]^2)
 
@@ -9,18 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def out_extent(hw, size, stride) -> tuple[int, int]:
-    return tuple((L - p) // q + 1 for L, p, q in zip(hw, size, stride))  # type: ignore[return-value]
-
-
-def check_backward(dy, x, y, size, stride) -> None:
-    """y and dy must be the pooled shape of x (both backends; the kernel trusts it)."""
-    H, W, C, N = x.shape
-    PH, PW = out_extent((H, W), size, stride)
-    if tuple(y.shape) != (PH, PW, C, N) or tuple(dy.shape) != tuple(y.shape):
-        raise ValueError(f"l2_pool_backward: y {tuple(y.shape)} and dy {tuple(dy.shape)} must both be "
-                         f"{(PH, PW, C, N)} for x {tuple(x.shape)}, size {tuple(size)}, stride {tuple(stride)}")
+from ..shapes import window_sites
 
 
 def _window_sum(a: np.ndarray, size, stride, out) -> np.ndarray:
@@ -34,14 +23,14 @@ def _window_sum(a: np.ndarray, size, stride, out) -> np.ndarray:
     return acc
 
 
-def forward(x: np.ndarray, size, stride, eps: float) -> np.ndarray:
-    out = out_extent(x.shape[:2], size, stride)
+def pool_forward(x: np.ndarray, size, stride, eps: float) -> np.ndarray:
+    out = window_sites(x.shape[:2], size, stride)
     acc = _window_sum(x * x, size, stride, out)
     acc += x.dtype.type(eps)
     return np.sqrt(acc, out=acc)
 
 
-def backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray, size, stride) -> np.ndarray:
+def pool_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray, size, stride) -> np.ndarray:
     """dx given dy, the input x and the forward output y (y == 0 contributes nothing)."""
     (ph, pw), (qh, qw) = size, stride
     PH, PW = y.shape[:2]

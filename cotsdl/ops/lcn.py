@@ -1,4 +1,4 @@
-"""Local contrast normalization, numpy backend, on a window of a possibly larger image.
+"""Local contrast normalization on a window of a possibly larger image (backend neutral).
 
 Math (DESIGN.md section 3): a Gaussian window g of size (2*rho+1)^2 and std sigma,
 spread over the C channels with weight g/C, cut at the image border and
@@ -14,6 +14,10 @@ image).  The functions here take the input window X (any box containing
 quantity, the per-image sums behind m (forward) and dm (backward), go through a
 caller-supplied ``allreduce`` (identity in one process; an MPI allreduce over the
 model-parallel group when the image is split).  One code path for both.
+
+The algebra here runs on any array library; only the Gaussian smoothing passes
+differ per backend (``ops/cpu/lcn.py``, ``ops/cuda/lcn.py``), chosen by
+:func:`cotsdl.ops._dispatch.implementation`.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ import numpy as np
 
 from .. import backend
 from ..array.box import Box, grow
-from . import cudakernels
+from ._dispatch import implementation
 
 Reduce = Callable[[np.ndarray], np.ndarray]
 
@@ -43,28 +47,6 @@ def _border_weight(lo: int, hi: int, length: int, g1: np.ndarray) -> np.ndarray:
     return ((i >= 0) & (i < length)) @ g1
 
 
-def _corr(u: np.ndarray, g1: np.ndarray, axis: int, out_len: int) -> np.ndarray:
-    """Valid correlation along ``axis``: out[t] = sum_k g1[k] u[t + k]."""
-    u = np.moveaxis(u, axis, 0)
-    out = g1[0] * u[0:out_len]
-    for k in range(1, len(g1)):
-        out += g1[k] * u[k:k + out_len]
-    return np.moveaxis(out, 0, axis)
-
-
-def _widen(box: Box, r: int) -> Box:
-    """``box`` grown by ``r`` on every side, not clipped (padding may lie outside the image)."""
-    return Box(tuple(l - r for l in box.lo), tuple(h + r for h in box.hi))
-
-
-def _embed(u: np.ndarray, u_box: Box, into: Box, image: Box) -> np.ndarray:
-    """``u`` (given on ``u_box``) placed in a zero array covering ``into``; outside ``image`` stays 0."""
-    out = np.zeros(into.shape + u.shape[2:], u.dtype)
-    part = into & u_box & image
-    out[part.slices_in(into)] = u[part.slices_in(u_box)]
-    return out
-
-
 def _renorm(out: Box, image: Box, g1: np.ndarray, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Border weights of the window over ``out``: rows zr, columns zc, and Z = zr zc^T (h, w, 1)."""
     zr, zc = (_border_weight(out.lo[a], out.hi[a], image.hi[a], g1) for a in (0, 1))
@@ -76,39 +58,18 @@ def smooth(u: np.ndarray, u_box: Box, out: Box, image: Box, g1: np.ndarray) -> n
 
     ``u_box`` must contain (out + rho) & image.
     """
-    rho = len(g1) // 2
     if out.is_empty:
         return backend.array_module(u).zeros(out.shape + u.shape[2:], u.dtype)
-    zr, zc, z = _renorm(out, image, g1, u.dtype)
-    if backend.uses_kernels(u):  # two passes of cuda/lcn.cu, the second divides by Z
-        mid = Box((out.lo[0], u_box.lo[1]), (out.hi[0], u_box.hi[1]))
-        rows = cudakernels.corr_axis(u, u_box, mid, image.hi, g1, 0)
-        return cudakernels.corr_axis(rows, mid, out, image.hi, g1, 1, z=(zr, zc))
-    g = g1.astype(u.dtype)
-    padded = _embed(u, u_box, _widen(out, rho), image)
-    r = _corr(_corr(padded, g, 0, out.shape[0]), g, 1, out.shape[1])
-    return r / z
+    return implementation(u).smooth(u, u_box, out, image, g1, _renorm(out, image, g1, u.dtype))
 
 
 def smooth_adjoint(u: np.ndarray, out: Box, target: Box, image: Box, g1: np.ndarray) -> np.ndarray:
     """Transpose of :func:`smooth`: ``u`` on ``out`` -> its contributions on ``target``."""
-    rho = len(g1) // 2
     xp = backend.array_module(u)
     if out.is_empty or target.is_empty:
         return xp.zeros(target.shape + u.shape[2:], u.dtype)
-    g = g1.astype(u.dtype)
     t = u / xp.asarray(_renorm(out, image, g1, u.dtype)[2])
-    if backend.uses_kernels(u):  # g is symmetric: the transpose is the same two passes
-        mid = Box((target.lo[0], out.lo[1]), (target.hi[0], out.hi[1]))
-        return cudakernels.corr_axis(cudakernels.corr_axis(t, out, mid, image.hi, g1, 0), mid, target, image.hi, g1, 1)
-    res = np.zeros(target.shape + u.shape[2:], u.dtype)
-    spread = _widen(out, rho)
-    padded = _embed(t, out, _widen(out, 2 * rho), out)
-    # g is symmetric, so correlating with it is convolving with it.
-    full = _corr(_corr(padded, g[::-1], 0, spread.shape[0]), g[::-1], 1, spread.shape[1])
-    part = spread & target & image
-    res[part.slices_in(target)] = full[part.slices_in(spread)]
-    return res
+    return implementation(t).smooth_adjoint(t, out, target, image, g1)
 
 
 @dataclass
