@@ -27,17 +27,10 @@ from ..array.grid import split_replicas
 from ..io import checkpoint
 from ..nn.network import Network
 from ..nn.plan import NetworkPlan
-from . import allreduce
+from . import allreduce, resume
 from .objective import StageObjective
 from .optim import Optimizer
 from .schedules import describe as schedules_describe
-
-
-def _optimizer_name(kind: str, hyper: dict[str, Any]) -> str:
-    """SGD with momentum is the paper's Momentum: say so rather than "SGD"."""
-    if kind == "SGD" and hyper.get("momentum"):
-        return "Nesterov" if hyper.get("nesterov") else f"Momentum (SGD with momentum {hyper['momentum']})"
-    return kind
 
 
 class TrainingInterrupted(Exception):
@@ -393,72 +386,18 @@ class GreedyTrainer:
         the saved position.
         """
         agree(comm, path=str(path), batch=batch, replicas=replicas, grid=None if grid is None else list(grid))
-        p = Path(path)
-        skipped: list[str] = []
-        if not (p / "index.json").is_file():  # a folder of checkpoints: the newest one that verifies
-            found, skipped = checkpoint.latest_verified(p, comm)
-            raise_collectively(comm, None if found else f"no completed checkpoint that verifies in {p}"
-                               + "".join(f"; {s}" for s in skipped))
-            p = found
-        else:
-            reason = checkpoint.verify(p, comm)
-            raise_collectively(comm, None if reason is None else f"cannot resume from {p}: {reason}")
+        p, skipped = resume.find_checkpoint(Path(path), comm)
         meta = checkpoint.read_index(p)["meta"]
-        saved_grid = tuple(meta["grid"])
-        if grid is None and replicas is None and comm.Get_size() == meta["replicas"] * saved_grid[0] * saved_grid[1]:
-            grid, replicas = saved_grid, meta["replicas"]  # the same layout: bitwise-identical continuation
-        if replicas is None:
-            if grid is not None:
-                replicas = max(1, comm.Get_size() // (int(grid[0]) * int(grid[1])))
-            else:
-                replicas = meta["replicas"] if comm.Get_size() % meta["replicas"] == 0 else 1
-        if batch is None:
-            total = meta["batch"] * meta["replicas"]
-            raise_collectively(comm, None if total % replicas == 0 else
-                               f"the saved global batch {total} does not split over {replicas} replicas: pass batch=")
-            batch = total // replicas
+        batch, replicas, grid = resume.choose_layout(meta, comm, batch, replicas, grid)
         kw.setdefault("checkpoint_dir", str(p.parent))
         kw["overwrite"] = True  # the same run, continued
         tr = cls(Network.from_description(meta["network"]), data, optimizer, comm=comm, batch=batch,
                  replicas=replicas, grid=grid, lam=meta["lam"], tied=meta["tied"], seed=meta["seed"],
                  dtype=np.dtype(meta["dtype"]), **kw)
-        wanted = {}
-        for li in tr.filter_layers:
-            wanted[f"w/{li}"] = tr.plan.weight_box(li)[1]
-            if not tr.tied:
-                wanted[f"w_dec/{li}"] = tr.plan.weight_box(li)[1]
-        opt = meta["optimizer"]
-        stage_box = tr.plan.weight_box(tr.filter_layers[meta["stage"]])[1]
-        if opt is not None:
-            for pname, slots in opt["slot_names"].items():
-                for slot in slots:
-                    wanted[f"opt/{pname}/{slot}"] = stage_box
-        arrays = checkpoint.load(p, comm, wanted, dtype=tr.plan.dtype)
-        for li in tr.filter_layers:
-            tr.params[li] = tr.xp.asarray(arrays[f"w/{li}"])
-            if not tr.tied:
-                tr.decoders[li] = tr.xp.asarray(arrays[f"w_dec/{li}"])
-        tr.stage, tr.stage_step = meta["stage"], meta["stage_step"]
-        tr.position, tr.step, tr.skipped = meta["position"], meta["step"], meta["skipped"]
-        tr.bad_in_row, tr._saved_step = meta.get("bad_in_row", 0), meta["step"]
-        saved_seed = meta.get("data", {}).get("seed")
-        if saved_seed is not None and getattr(data, "seed", saved_seed) != saved_seed:
-            tr._say(f"note: the data source's seed {getattr(data, 'seed')} differs from the saved {saved_seed}: "
-                    "the image stream will not continue as before")
-        if opt is not None:
-            tr._begin_stage(tr.stage)
-            err = None if opt["kind"] == type(tr.optimizer).__name__ else (
-                f"the checkpoint was trained with {_optimizer_name(opt['kind'], opt['hyper'])}, the optimizer given "
-                f"is {_optimizer_name(type(tr.optimizer).__name__, tr.optimizer.hyper())}: resume with the same kind")
-            raise_collectively(comm, err)
-            state = {k: v for k, v in opt.items() if k != "slot_names"}
-            state["slots"] = {n: {s: tr.xp.asarray(arrays[f"opt/{n}/{s}"]) for s in slots}
-                              for n, slots in opt["slot_names"].items()}
-            given = (schedules_describe(tr.optimizer.schedule), tr.optimizer.hyper())
-            tr.optimizer.load_state_dict(state)
-            if given != (state["schedule"], state["hyper"]):
-                tr._say("note: the saved optimizer schedule and hyper-parameters are restored "
-                        f"({state['schedule']}, {state['hyper']}), not the ones of the optimizer given")
+        arrays = checkpoint.load(p, comm, resume.wanted_boxes(tr, meta), dtype=tr.plan.dtype)
+        resume.restore_weights_and_position(tr, meta, arrays)
+        if meta["optimizer"] is not None:
+            resume.restore_optimizer(tr, meta["optimizer"], arrays, comm)
         for line in skipped:
             tr._say(f"warning: checkpoint {line}")
         tr._say(f"resumed from {p}: stage {tr.stage}, step {tr.stage_step} of the stage, global step {tr.step}")
