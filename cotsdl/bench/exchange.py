@@ -58,12 +58,9 @@ def run(comm: MPI.Comm, shape: Sequence[int], halos: Sequence[int], dims: Sequen
     raise_collectively(comm, err)
     grid = ProcessGrid(comm, dims, extent=shape[:2])
     rank, item = comm.Get_rank(), np.dtype(dtype).itemsize
-    zeros = np.zeros
     if backend.name() == "cuda":  # device buffers, one GPU per rank of a node
-        import cupy  # noqa: PLC0415
-
         use_node_local_gpu(comm)
-        zeros = cupy.zeros
+    zeros = backend.xp().zeros
     say = (lambda *a: print(*a, file=log, flush=True)) if rank == 0 else (lambda *a: None)
     out: dict[str, Any] = {"benchmark": "exchange", **metadata(comm), "backend": backend.name(),
                            "grid": list(grid.dims), "shape": list(shape),

@@ -106,7 +106,7 @@ def _torch_peer(x: np.ndarray, w: np.ndarray, shape: Shape, y_pool_in: np.ndarra
 
 def device_ceilings(repeats: int = 5) -> dict[str, float]:
     """fp32 peak and memory bandwidth of the current GPU (device properties) and a measured cuBLAS sgemm."""
-    import cupy  # noqa: PLC0415
+    cupy = backend.cupy_module()
 
     rt, dev = cupy.cuda.runtime, cupy.cuda.Device().id
     # Attributes, not getDeviceProperties: CUDA 13 dropped the clock fields from cudaDeviceProp.
