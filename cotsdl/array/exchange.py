@@ -2,14 +2,27 @@
 
 A plan is built once, collectively, from the box every rank owns in a source
 layout and the window every rank needs in a destination layout (they may be
-different grids).  ``exchange`` overwrites every destination window with the
-owners' data; ``exchange_adjoint`` is its transpose: it sends window contents
-back to their owners, which *add* them.  Messages are non-blocking; a box that is one contiguous
-run of memory (whole rows of (H, W, C, N)) is sent from and received into the arrays
-directly, other boxes travel through one packed buffer per direction.  Only peers
-with a non-empty intersection talk; a rank's intersection with itself is a local
-copy.  Between ``start()`` and ``wait()`` neither array may be touched: the source
-may still be being read by MPI.
+different grids).  ``exchange(src, dst)`` overwrites every destination window
+with the owners' data; ``exchange_adjoint(window, owners)`` is its transpose: it
+sends window contents back to their owners, which *add* them.  Only peers with a
+non-empty intersection talk; a rank's intersection with itself is a local copy.
+Messages are non-blocking.  Between ``start()`` and ``wait()`` neither array may be
+touched: the source may still be being read by MPI.
+
+How the messages travel (the *transport*) is decided the first time a plan meets
+an array library and a pair of window boxes, and cached (``_Route``):
+
+* ``direct``: host memory; every message is a box that is one contiguous run of
+  its array (whole rows of (H, W, C, N)) and is sent from and received into the
+  array itself;
+* ``packed``: host memory; the other boxes (and every box the adjoint sums, and
+  every box of the ``cuda-emu`` backend) travel through one packed buffer per
+  direction, the contiguous ones still directly;
+* ``staged``: device buffers, packed by the kernels, through page-locked host
+  buffers (MPI not CUDA-aware);
+* ``cuda-aware``: device buffers handed to MPI after a stream synchronisation.
+
+``ExchangePlan.transport(direction)`` tells which one a call used.
 """
 from __future__ import annotations
 
@@ -28,6 +41,7 @@ from .cudampi import cuda_aware_mpi
 from .distarray import DistArray, fits
 from .transfers import Transfer, partition_error, transfers, window_error
 
+_DIRECTIONS = {"forward": "fwd", "adjoint": "adj"}  # public name -> key of a direction's state
 _TAG_SPACE = 16000  # two tags per plan stay under the MPI-guaranteed tag bound 32767
 _last_tag = 0
 _keyval = None
@@ -52,21 +66,116 @@ def private_comm(comm: MPI.Comm) -> MPI.Comm:
 
 @dataclass
 class _Side:
-    """Transfers of one end of a message set and where they sit in the packed buffer."""
+    """The messages of one end of a direction (all sends, or all receives) and their slots
+    in that end's packed buffer (message ``i`` occupies ``slots[i]``)."""
 
     transfers: list[Transfer]
-    offsets: list[int] = field(default_factory=list)
+    slots: list[slice] = field(default_factory=list)
     total: int = 0
 
     def __post_init__(self) -> None:
         off = 0
         for t in self.transfers:
-            self.offsets.append(off)
+            self.slots.append(slice(off, off + t.box.size))
             off += t.box.size
         self.total = off
 
-    def slot(self, i: int) -> slice:
-        return slice(self.offsets[i], self.offsets[i] + self.transfers[i].box.size)
+
+@dataclass(eq=False)
+class _Buffers:
+    """The packed message buffers of one direction and array library, allocated once.
+
+    All routes of that direction share them (only one call per direction is in
+    flight), so binding a new pair of windows costs no device memory.  With
+    ``host_send``/``host_recv`` (device buffers, MPI not CUDA-aware) the messages
+    travel through these page-locked host copies.
+    """
+
+    send: Any
+    recv: Any
+    host_send: Any = None
+    host_recv: Any = None
+
+    @property
+    def staged(self) -> bool:
+        return self.host_send is not None
+
+
+class _Route:
+    """How one direction of a plan moves data for one array library and pair of window boxes.
+
+    Built the first time the plan meets that combination and cached on the plan, so
+    every later call only replays the decisions made here: which messages travel
+    straight from or into the arrays (``direct``: a box that is one contiguous run of
+    a C-ordered host array) and which through the packed buffers, and whether device
+    buffers are staged through host memory.  Each method below is one step of a call.
+    """
+
+    def __init__(self, out: _Side, inc: _Side, src_box: Box, dst_box: Box, bufs: _Buffers, device: bool,
+                 direct_src: bool, direct_dst: bool):
+        self.out, self.inc, self.bufs, self.device = out, inc, bufs, device
+        self.src_box, self.dst_box = src_box, dst_box
+
+        def views(side: _Side, box: Box, allowed: bool) -> list[tuple[slice, ...] | None]:
+            # The slices of each directly moved message's box in its array; None: packed.
+            return [t.box.slices_in(box) if allowed and t.box.is_contiguous_in(box) else None
+                    for t in side.transfers]
+
+        self.send_views = views(out, src_box, direct_src)
+        self.recv_views = views(inc, dst_box, direct_dst)
+        if device:
+            self.name = "staged" if bufs.staged else "cuda-aware"
+        else:
+            direct = direct_src and all(v is not None for v in self.send_views + self.recv_views)
+            self.name = "direct" if direct else "packed"
+        self.wire_send = bufs.host_send if bufs.staged else bufs.send
+        self.wire_recv = bufs.host_recv if bufs.staged else bufs.recv
+
+    def sync_before_mpi_writes(self) -> None:
+        """MPI does not see CUDA streams: work queued earlier (the last unpack from these
+        buffers, a pool allocation) must finish before MPI writes into them."""
+        if self.device:
+            backend.synchronize(self.bufs.send)
+
+    def post_receives(self, comm: Any, dst: Any, tag: int) -> list:
+        """Post every receive first, so that no peer's send waits for a matching receive."""
+        return [comm.Irecv(dst[v] if v is not None else self.wire_recv[slot], source=t.peer, tag=tag)
+                for t, slot, v in zip(self.inc.transfers, self.inc.slots, self.recv_views)]
+
+    def pack(self, src: Any) -> None:
+        """Copy each message that does not travel directly into its slot of the send buffer."""
+        for t, slot, v in zip(self.out.transfers, self.out.slots, self.send_views):
+            if v is None:
+                boxcopy.pack(src, self.src_box, t.box, self.bufs.send[slot])
+
+    def make_sends_readable(self) -> None:
+        """On a device the packing is queued work: finish it (CUDA-aware MPI reads the
+        device buffer) or bring all sends down to the host in one copy (staged)."""
+        if self.out.transfers and self.device:
+            if self.bufs.staged:
+                backend.copy_to_host(self.bufs.send, self.bufs.host_send)
+            else:
+                backend.synchronize(self.bufs.send)
+
+    def post_sends(self, comm: Any, src: Any, tag: int) -> tuple[list, int]:
+        """Hand every message to MPI; returns the requests and the bytes handed over."""
+        reqs, nbytes = [], 0
+        for t, slot, v in zip(self.out.transfers, self.out.slots, self.send_views):
+            buf = src[v] if v is not None else self.wire_send[slot]
+            reqs.append(comm.Isend(buf, dest=t.peer, tag=tag))
+            nbytes += buf.nbytes
+        return reqs, nbytes
+
+    def unstage_receives(self) -> None:
+        """Bring all staged receives up to the device in one copy."""
+        if self.bufs.staged and self.inc.transfers:
+            backend.copy_from_host(self.bufs.host_recv, self.bufs.recv)
+
+    def unpack(self, dst: Any, add: bool) -> None:
+        """Copy (or add) each packed message from the receive buffer into its box of ``dst``."""
+        for t, slot, v in zip(self.inc.transfers, self.inc.slots, self.recv_views):
+            if v is None:
+                boxcopy.unpack(self.bufs.recv[slot], dst, self.dst_box, t.box, add)
 
 
 class _Pending:
@@ -147,7 +256,9 @@ class ExchangePlan:
         self._fwd = (_Side([t for t in sends if t.peer != me]), _Side([t for t in recvs if t.peer != me]))
         #: The part of this rank's window it owns itself: a local copy, never a message.
         self.self_box = next((t.box for t in sends if t.peer == me), Box.empty(nd))
-        self._buffers: dict[tuple[int, str], tuple[Any, Any, Any, Any]] = {}
+        self._buffers: dict[tuple[str, int], _Buffers] = {}
+        self._routes: dict[tuple, _Route] = {}
+        self._last_route: dict[str, _Route] = {}
         item = self.dtype.itemsize
         #: Bytes this rank sends per exchange (and receives per adjoint): exactly the intersections.
         self.bytes_sent = self._fwd[0].total * item
@@ -182,19 +293,36 @@ class ExchangePlan:
         """The messages this rank receives per exchange."""
         return list(self._fwd[1].transfers)
 
+    def transport(self, direction: str = "forward") -> str | None:
+        """How the last call in ``direction`` ("forward" or "adjoint") moved its data.
+
+        One of ``"direct"`` (host memory: every message goes straight from and into
+        the arrays), ``"packed"`` (host memory, some or all messages through the packed
+        buffers: boxes that are not one contiguous run, sums, kernel-handled arrays),
+        ``"staged"`` (device buffers through page-locked host buffers) or
+        ``"cuda-aware"`` (device buffers handed to MPI); None before the first call.
+        The choice is made once per array library and pair of window boxes.
+        """
+        if direction not in _DIRECTIONS:
+            raise ValueError(f"direction must be one of {', '.join(_DIRECTIONS)}, got {direction!r}")
+        route = self._last_route.get(_DIRECTIONS[direction])
+        return None if route is None else route.name
+
     # -- public operations --------------------------------------------------
     def exchange(self, src: DistArray, dst: DistArray, validate: bool = True) -> None:
         """Overwrite ``dst``'s window with the owners' data from ``src``."""
         self.start(src, dst, validate).wait()
 
-    def exchange_adjoint(self, dst: DistArray, src: DistArray, accumulate: bool = False,
+    def exchange_adjoint(self, window: DistArray, owners: DistArray, accumulate: bool = False,
                          validate: bool = True) -> None:
-        """Sum ``dst``'s window contents into the owners' boxes of ``src``.
+        """Sum the contents of ``window``'s window into the owned boxes of ``owners``.
 
-        The transpose of :meth:`exchange`.  With ``accumulate`` the sums are added
-        to what ``src`` owns; otherwise they replace it.
+        The transpose of :meth:`exchange`: data moves from ``window`` (an array of the
+        plan's destination layout, read) to ``owners`` (an array of its source layout,
+        written; only the owned box changes).  With ``accumulate`` the sums are added
+        to what ``owners`` owns; otherwise they replace it.
         """
-        self.start_adjoint(dst, src, accumulate, validate).wait()
+        self.start_adjoint(window, owners, accumulate, validate).wait()
 
     def start(self, src: DistArray, dst: DistArray, validate: bool = True) -> _Pending:
         """Begin :meth:`exchange`; work on *other* data may overlap until ``wait()``
@@ -207,23 +335,24 @@ class ExchangePlan:
         if validate:
             self._validate(src, dst, "destination")
         sends, recvs = self._fwd
-        return self._run(sends, src, src.window, recvs, dst, dst.window, self._tags[0], "fwd", add=False,
-                         zero=None)
+        return self._run("fwd", sends, src, recvs, dst, self._tags[0], add=False, zero=None)
 
-    def start_adjoint(self, dst: DistArray, src: DistArray, accumulate: bool = False,
+    def start_adjoint(self, window: DistArray, owners: DistArray, accumulate: bool = False,
                       validate: bool = True) -> _Pending:
-        """Begin :meth:`exchange_adjoint`."""
+        """Begin :meth:`exchange_adjoint` (same arguments); finish with ``wait()``."""
         if validate:
-            self._validate(src, dst, "source")
+            self._validate(owners, window, "source")
         recvs, sends = self._fwd  # the adjoint reverses every message
-        zero = None if accumulate else src.owned_data
-        return self._run(sends, dst, dst.window, recvs, src, src.window, self._tags[1], "adj", add=True,
-                         zero=zero)
+        zero = None if accumulate else owners.owned_data
+        return self._run("adj", sends, window, recvs, owners, self._tags[1], add=True, zero=zero)
 
     # -- machinery ----------------------------------------------------------
-    def _validate(self, src: DistArray, dst: DistArray, written: str) -> None:
+    def _validate(self, owners: DistArray, windowed: DistArray, written: str) -> None:
+        """Check (collectively) that the arrays fit the plan: ``owners`` its source layout
+        ("source"), ``windowed`` its destination windows ("destination")."""
         err = None
-        for name, arr, box, attr in (("source", src, self.owned, "owned"), ("destination", dst, self.window, "window")):
+        for name, arr, box, attr in (("source", owners, self.owned, "owned"),
+                                     ("destination", windowed, self.window, "window")):
             if getattr(arr, attr) != box:
                 err = f"{name} array's {attr} box {getattr(arr, attr)} differs from the plan's {box}"
             elif arr.shape != self.shape or arr.dtype != self.dtype:
@@ -235,97 +364,111 @@ class ExchangePlan:
                 err = f"{name} buffer is read-only, and this exchange writes into it"
             if err:
                 break
-        if err is None and backend.is_device_array(src.data) != backend.is_device_array(dst.data):
+        if err is None and backend.is_device_array(owners.data) != backend.is_device_array(windowed.data):
             err = "source and destination buffers must both be host arrays or both device arrays"
         raise_collectively(self.comm, err)
 
-    def _channel(self, sample: Any, direction: str, n_send: int, n_recv: int):
-        """Packed buffers for one direction and array library, allocated once."""
-        xp = backend.array_module(sample)
-        key = (id(xp), direction)
-        if key not in self._buffers:
-            send = xp.empty(n_send, self.dtype)
-            recv = xp.empty(n_recv, self.dtype)
-            stage = backend.is_device_array(sample) and not cuda_aware_mpi()
-            hsend = backend.empty_host_like(send) if stage else None
-            hrecv = backend.empty_host_like(recv) if stage else None
-            self._buffers[key] = (send, recv, hsend, hrecv)
-        return self._buffers[key]
+    def _run(self, direction: str, out: _Side, src: DistArray, inc: _Side, dst: DistArray, tag: int,
+             add: bool, zero: Any) -> _Pending:
+        """Start one call: messages from ``src`` (the ``out`` side) into ``dst`` (``inc``).
 
-    @staticmethod
-    def _contiguous(arr: Any, box: Box, arr_box: Box) -> Any:
-        """The view of ``box`` in ``arr`` if it is one contiguous block of memory, else None."""
-        if backend.uses_kernels(arr):
-            return None  # the kernel path (GPU or emulated) keeps its own packing
-        view = arr[box.slices_in(arr_box)]
-        return view if view.flags.c_contiguous else None
-
-    def _run(self, out: _Side, src: DistArray, src_box: Box, inc: _Side, dst: DistArray, dst_box: Box,
-             tag: int, direction: str, add: bool, zero: Any) -> _Pending:
+        ``add`` sums the received boxes into ``dst`` (the adjoint); ``zero``, when
+        given, is cleared just before the sums land (the adjoint without accumulate).
+        """
         t_start = time.perf_counter()
+        self._check_idle(direction)
+        route = self._route(direction, out, src, inc, dst, add)
+        comm = self._wire
+        route.sync_before_mpi_writes()
+        reqs = route.post_receives(comm, dst.data, tag)
+        route.pack(src.data)
+        route.make_sends_readable()
+        sends, nbytes = route.post_sends(comm, src.data, tag)
+        reqs += sends
+        self.total_bytes_sent += nbytes
+        self.calls += 1
+        self._in_flight.add(direction)
+        mine = self._copy_self(route, src, dst, add, zero)  # while the messages travel
+        self.seconds += time.perf_counter() - t_start
+        return _Pending(lambda: self._finish(direction, route, reqs, dst, add, zero, mine))
+
+    def _check_idle(self, direction: str) -> None:
+        """Refuse a second call of a direction before the first is waited for."""
         if direction in self._in_flight:
             raise RuntimeError(f"an exchange ({direction}) of this plan is still in flight: call wait() on it "
                                "before starting another (they would share the plan's message buffers)")
-        send, recv, hsend, hrecv = self._channel(src.data, direction, out.total, inc.total)
-        wire_send = send if hsend is None else hsend
-        wire_recv = recv if hrecv is None else hrecv
-        device = backend.is_device_array(send)
-        if device:
-            # MPI does not see CUDA streams: work queued earlier (the last unpack from
-            # these buffers, a pool allocation) must finish before MPI writes to them.
-            backend.synchronize(send)
-        comm = self._wire
-        # A box that is one contiguous run of the array (e.g. whole rows of (H, W, C, N))
-        # travels straight from and into the arrays: no packing, no extra copy.
-        direct_ok = hsend is None and not device
-        recv_views = [self._contiguous(dst.data, t.box, dst_box) if direct_ok and not add else None
-                      for t in inc.transfers]
-        reqs = [comm.Irecv(v if v is not None else wire_recv[inc.slot(i)], source=t.peer, tag=tag)
-                for i, (t, v) in enumerate(zip(inc.transfers, recv_views))]
-        send_views = [self._contiguous(src.data, t.box, src_box) if direct_ok else None for t in out.transfers]
-        for i, (t, v) in enumerate(zip(out.transfers, send_views)):
-            if v is None:
-                boxcopy.pack(src.data, src_box, t.box, send[out.slot(i)])
-        if out.transfers and device:
-            if hsend is None:
-                backend.synchronize(send)  # the packing must be done before MPI reads
-            else:
-                backend.copy_to_host(send, hsend)
-        for i, (t, v) in enumerate(zip(out.transfers, send_views)):
-            buf = v if v is not None else wire_send[out.slot(i)]
-            reqs.append(comm.Isend(buf, dest=t.peer, tag=tag))
-            self.total_bytes_sent += buf.nbytes
-        self.calls += 1
-        self._in_flight.add(direction)
-        # The self part moves while the messages travel.  When source and destination
-        # are the same buffer (an in-place halo refresh) it is already in place.
+
+    def _route(self, direction: str, out: _Side, src: DistArray, inc: _Side, dst: DistArray, add: bool) -> _Route:
+        """The cached route of this call's array library and window boxes, bound on first use.
+
+        Arrays handled by the kernels (device arrays, the ``cuda-emu`` backend) always
+        pack; other arrays move a box directly when it is one contiguous run of their
+        (C-contiguous) memory; received boxes that are summed (``add``) are always packed.
+        """
+        xp = backend.array_module(src.data)
+        direct_src = _plain_c_order(src.data)
+        direct_dst = _plain_c_order(dst.data) and not add
+        key = (direction, id(xp), direct_src, direct_dst, src.window, dst.window)
+        route = self._routes.get(key)
+        if route is None:
+            device = backend.is_device_array(src.data)
+            bufs = self._packed_buffers(direction, xp, device, out.total, inc.total)
+            route = self._routes[key] = _Route(out, inc, src.window, dst.window, bufs, device,
+                                               direct_src and not device, direct_dst and not device)
+        self._last_route[direction] = route
+        return route
+
+    def _packed_buffers(self, direction: str, xp: Any, device: bool, n_send: int, n_recv: int) -> _Buffers:
+        """The packed buffers of a direction and array library (allocated once, shared by its routes).
+
+        Device buffers are staged through page-locked host buffers unless MPI is CUDA-aware.
+        """
+        key = (direction, id(xp))
+        if key not in self._buffers:
+            bufs = _Buffers(xp.empty(n_send, self.dtype), xp.empty(n_recv, self.dtype))
+            if device and not cuda_aware_mpi():
+                bufs.host_send = backend.empty_host_like(bufs.send)
+                bufs.host_recv = backend.empty_host_like(bufs.recv)
+            self._buffers[key] = bufs
+        return self._buffers[key]
+
+    def _copy_self(self, route: _Route, src: DistArray, dst: DistArray, add: bool, zero: Any) -> Any:
+        """Move the part of the window this rank owns itself; returns what is still to add.
+
+        The forward copy happens at once.  The adjoint's sum must wait until ``zero`` is
+        cleared: its source is returned (copied if the clearing would erase it).  When
+        source and destination are the same buffer (an in-place halo refresh) the
+        forward part is already in place.
+        """
         own = self.self_box
-        mine = None
-        if not own.is_empty and not (src.data is dst.data and src_box == dst_box and not add):
-            mine = src.data[own.slices_in(src_box)]
-            if add and zero is not None and backend.array_module(mine).may_share_memory(mine, zero):
-                mine = mine.copy()  # zeroing the target below would erase it
-            elif not add:
-                dst.data[own.slices_in(dst_box)] = mine
-                mine = None
+        if own.is_empty or (src.data is dst.data and route.src_box == route.dst_box and not add):
+            return None
+        mine = src.data[own.slices_in(route.src_box)]
+        if not add:
+            dst.data[own.slices_in(route.dst_box)] = mine
+            return None
+        if zero is not None and backend.array_module(mine).may_share_memory(mine, zero):
+            mine = mine.copy()  # zeroing the target would erase it
+        return mine
 
-        self.seconds += time.perf_counter() - t_start
+    def _finish(self, direction: str, route: _Route, reqs: list, dst: DistArray, add: bool, zero: Any,
+                mine: Any) -> None:
+        """Complete one call: wait for the messages, then clear, add the self part and unpack."""
+        t_wait = time.perf_counter()
+        try:
+            MPI.Request.Waitall(reqs)
+        finally:
+            self._in_flight.discard(direction)
+        route.unstage_receives()
+        if zero is not None:
+            zero[...] = 0
+        if mine is not None:
+            dst.data[self.self_box.slices_in(route.dst_box)] += mine
+        route.unpack(dst.data, add)
+        self.seconds += time.perf_counter() - t_wait
 
-        def finish() -> None:
-            t_wait = time.perf_counter()
-            try:
-                MPI.Request.Waitall(reqs)
-            finally:
-                self._in_flight.discard(direction)
-            if hrecv is not None and inc.transfers:
-                backend.copy_from_host(hrecv, recv)  # one transfer for all messages
-            if zero is not None:
-                zero[...] = 0
-            if mine is not None:
-                dst.data[own.slices_in(dst_box)] += mine
-            for i, (t, v) in enumerate(zip(inc.transfers, recv_views)):
-                if v is None:
-                    boxcopy.unpack(recv[inc.slot(i)], dst.data, dst_box, t.box, add)
-            self.seconds += time.perf_counter() - t_wait
 
-        return _Pending(finish)
+def _plain_c_order(arr: Any) -> bool:
+    """True for a C-contiguous array the kernels do not handle: its contiguous boxes may be
+    handed to MPI as they lie (device arrays and the ``cuda-emu`` backend always pack)."""
+    return not backend.uses_kernels(arr) and bool(getattr(getattr(arr, "flags", None), "c_contiguous", False))

@@ -101,8 +101,11 @@ def test_device_exchange_and_adjoint(comm, fake_device, monkeypatch, aware):
     assert backend.is_device_array(arr.data)
     plan = ExchangePlan.between(arr, arr)
     plan._wire = RecordingComm(plan._wire)
+    assert plan.transport("forward") is None
     plan.exchange(arr, arr)
     np.testing.assert_array_equal(np.asarray(arr.data), x[arr.window.slices_in(arr.global_box)])
+    device_transport = "staged" if aware == "0" else "cuda-aware"
+    assert plan.transport("forward") == device_transport
     remote = plan.messages_sent + plan.messages_received
     # The stream is synchronised before MPI may write a device (or staging) buffer ...
     if "irecv" in LOG:
@@ -123,9 +126,12 @@ def test_device_exchange_and_adjoint(comm, fake_device, monkeypatch, aware):
     y.data[...] = 1.0
     out = DistArray(comm, shape, arr.window, arr.owned, data=fake_xp.zeros(arr.window.shape, np.float32))
     plan.exchange_adjoint(y, out)
+    assert plan.transport("adjoint") == device_transport
     host_y = DistArray(comm, shape, arr.window, data=np.ones(arr.window.shape, np.float32))
     host_out = DistArray(comm, shape, arr.window, arr.owned, dtype=np.float32)
-    ExchangePlan.between(host_out, host_y).exchange_adjoint(host_y, host_out)
+    host_plan = ExchangePlan.between(host_out, host_y)
+    host_plan.exchange_adjoint(host_y, host_out)
+    assert host_plan.transport("adjoint") in ("direct", "packed")  # host memory is never staged
     np.testing.assert_array_equal(np.asarray(out.owned_data), host_out.owned_data)
     grid.free()
 
