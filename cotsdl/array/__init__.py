@@ -1,14 +1,11 @@
 """Distributed arrays: index boxes, partitions, receptive-field maps, grids, exchanges.
 
-``box``, ``partition``, ``rfmap`` and ``transfers`` are pure index arithmetic (no MPI,
+``box``, ``partition``, ``rfmap`` and ``messages`` are pure index arithmetic (no MPI,
 no GPU); the rest runs over MPI communicators that the caller provides.
 """
 from .box import Box, grow, hull_of
 from .partition import block_box, block_boxes, block_owner, block_range, choose_grid
-# Note: the name ``transfers`` of this package is the function, which shadows its
-# module of the same name; import the module's other names from it directly
-# (``from cotsdl.array.transfers import partition_error``).
-from .transfers import Transfer, transfers
+from .messages import Transfer, transfers
 from .rfmap import RFMap
 
 __all__ = ["Box", "grow", "hull_of", "block_box", "block_boxes", "block_owner", "block_range",

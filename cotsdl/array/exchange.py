@@ -39,7 +39,7 @@ from .box import Box
 from .collective import raise_collectively
 from .cudampi import cuda_aware_mpi
 from .distarray import DistArray, fits
-from .transfers import Transfer, partition_error, transfers, window_error
+from .messages import Transfer, partition_error, transfers, window_error
 
 _DIRECTIONS = {"forward": "fwd", "adjoint": "adj"}  # public name -> key of a direction's state
 _TAG_SPACE = 16000  # two tags per plan stay under the MPI-guaranteed tag bound 32767

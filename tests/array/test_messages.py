@@ -2,7 +2,7 @@ from hypothesis import given, strategies as st
 
 from cotsdl.array.box import Box, grow
 from cotsdl.array.partition import block_boxes
-from cotsdl.array.transfers import partition_error, transfers, window_error
+from cotsdl.array.messages import partition_error, transfers, window_error
 
 
 @st.composite
