@@ -4,7 +4,7 @@
 # sets up .venv (jobs/env.sh), runs the serial suite with pytest, then the
 # multi-rank suite under mpiexec -n 1, 2, 3, 4.  Every test has a timeout
 # (pytest-timeout, thread method) and MPIEXEC_TIMEOUT bounds every mpiexec, so a
-# deadlock fails in seconds instead of hanging.  Last, tests/reliability/run.py injects faults
+# deadlock fails in seconds instead of hanging.  Last, python -m tests.reliability.run injects faults
 # (bad input, damaged checkpoints, kill -9, signals, a full disk, NaN gradients) and prints
 # one summary line.
 set -euo pipefail
@@ -22,6 +22,6 @@ for P in 1 2 3 4; do
     mpiexec -n "$P" python -m mpi4py tests/mpi_pytest.py tests/mpi "$@" || status=1
 done
 echo "== reliability suite (fault injection under mpiexec on 2 and 4 ranks)"
-python tests/reliability/run.py || status=1
+python -m tests.reliability.run || status=1
 if [ "$status" -ne 0 ]; then echo "== FAILED" >&2; else echo "== all suites passed"; fi
 exit "$status"

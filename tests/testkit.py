@@ -1,5 +1,6 @@
-"""Helpers shared by test folders (``tests/`` is on pytest's path: setup.cfg; the reliability
-runner puts it on ``sys.path`` itself)."""
+"""Helpers shared by test folders: the pytest suites ``import testkit`` (setup.cfg puts ``tests/``
+on pytest's path); the reliability suite, run as a module (``python -m tests.reliability.run``
+from the repository root), imports it as ``tests.testkit``."""
 import h5py
 
 #: A tiny 2-stage training config; format with data, run, steps, every (and size, c0, c1, keep).

@@ -15,9 +15,9 @@ import numpy as np
 
 from cotsdl.io.dataset import write_dataset
 
+from ..testkit import tiny_config  # the helpers shared with the pytest suites
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # tests/: the helpers shared with the pytest suites
-from testkit import tiny_config  # noqa: E402
 PY = sys.executable
 MPIEXEC = os.path.join(os.path.dirname(PY), "mpiexec")
 if not os.path.exists(MPIEXEC):

@@ -1,4 +1,6 @@
-"""Bounded fault-injection suite for `cotsdl train`: python tests/reliability/run.py [NAME ...]
+"""Bounded fault-injection suite for `cotsdl train`, run from the repository root:
+
+    python -m tests.reliability.run [NAME ...]
 
 Every case is a function run in a fresh temporary folder; every process it starts runs in
 its own session with a hard timeout (a hang is a failure, and its whole process group is
@@ -25,8 +27,9 @@ import numpy as np
 
 from cotsdl.io.dataset import write_dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the harness beside this file
-from harness import (  # noqa: E402
+if not __package__:  # started as a file: the harness and the shared helpers are imported relative to tests/
+    sys.exit("run the reliability suite as a module, from the repository root: python -m tests.reliability.run")
+from .harness import (  # noqa: E402
     CaseFailed,
     Ctx,
     HERE,

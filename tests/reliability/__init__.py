@@ -1,0 +1,1 @@
+"""Fault injection into real ``cotsdl train`` jobs: ``python -m tests.reliability.run`` (run.py)."""
