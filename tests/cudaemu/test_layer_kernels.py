@@ -10,18 +10,9 @@ import pytest
 
 from cotsdl import ops
 from cotsdl.cudaemu import asan_environment
+from testkit import FILTER_CASES
 
 ORDERS = ["forward", "reverse"]
-FILTER_CASES = [  # (H, W, C, N), size, stride, block, K
-    ((9, 8, 3, 4), (3, 3), (2, 2), (1, 1), 2),
-    ((10, 7, 1, 1), (4, 2), (3, 2), (2, 1), 3),        # C = 1, N = 1, strides that do not divide
-    ((8, 9, 2, 37), (5, 4), (1, 2), (2, 3), 1),        # blocks, N not a multiple of the tile
-    ((6, 6, 2, 70), (6, 6), (1, 1), (1, 1), 20),       # one site, M > 16, N > 64
-    ((11, 13, 5, 3), (3, 5), (4, 3), (3, 2), 6),       # M = 36 > 32
-    ((6, 7, 2, 70), (3, 3), (2, 2), (2, 2), 32),       # M = 128: the 128 x 96 float32 tile
-    ((5, 5, 3, 64), (3, 2), (1, 2), (4, 1), 32),       # M = 128, N = 64: the 128 x 64 tile
-    ((4, 5, 1, 128), (2, 3), (2, 1), (1, 1), 130),     # M = 130, N = 128: the 128 x 128 tile, a partial M tile
-]
 
 
 def both(fn):

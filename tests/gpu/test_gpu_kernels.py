@@ -6,6 +6,7 @@ import pytest
 
 from cotsdl.array import boxcopy
 from cotsdl.array.box import Box
+from testkit import FILTER_CASES
 
 HERE = Path(__file__).resolve().parent.parent / "cudaemu"
 
@@ -56,16 +57,7 @@ def test_selftest_kernels_on_device(cp):
     np.testing.assert_array_equal(cp.asnumpy(hist), np.bincount(data, minlength=256))
 
 
-def _filter_cases():
-    import sys
-
-    sys.path.insert(0, str(HERE))
-    from test_layer_kernels import FILTER_CASES  # every tile shape the wrappers choose
-
-    return FILTER_CASES
-
-
-@pytest.mark.parametrize("case", _filter_cases())
+@pytest.mark.parametrize("case", FILTER_CASES)  # every tile shape the wrappers choose
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_layer_kernels_on_device_equal_numpy(cp, dtype, case):
     from cotsdl import ops
