@@ -1,4 +1,4 @@
-"""The command line as a user runs it: under mpiexec, with good and bad arguments."""
+"""`cotsdl info`, `check-kernels` and `bench` as a user runs them: under mpiexec, with good and bad arguments."""
 import json
 import os
 import subprocess
