@@ -2,18 +2,37 @@
 // backward-weights.  Every site s = (i, j) has its own weights W_s (M x R), M = bh*bw*K,
 // R = rh*rw*C, and each pass is one small dense product per site (gemm_tile.cuh).
 //
-// Layouts (all C-contiguous, N fastest):
+// Layouts (all C-contiguous, N fastest; dx, dw, dy are laid out as x, w, y):
 //   x  (H, W, C, N)                 X_s[r][n] = x[i*sh+p][j*sw+q][c][n],  r = (p*rw + q)*C + c
 //   w  (SH, SW, M, rh, rw, C)       W_s[m][r] = w[i][j][m][p][q][c]
 //   y  (SH*bh, SW*bw, K, N)         Y_s[m][n] = y[i*bh+a][j*bw+b][k][n],  m = (a*bw + b)*K + k
-// Grids: blockIdx.x = (site or input pixel) * tiles + tile along the GEMM's N index
-// (site-major, so the blocks that share a site's weights run together and hit L2; the
-// x grid dimension allows 2^31 - 1 blocks), blockIdx.y tiles the GEMM's M index;
-// threads are (TN/RN, TM/RM), each an RM x RN tile of outputs (gemm_tile.cuh).
 // Index tables replace per-element divisions: xoff[r] is the offset of receptive-field
 // element r from the site's corner in x, yoff[m] that of neuron m from the site's
-// corner in y (both without the n term).
-// The wrappers (cotsdl/ops/cudakernels.py) choose these tile shapes:
+// corner in y (both without the n term); backward-data's `tab` is described at bwd_data.
+//
+// Grids and threads.  Each kernel is a gemm_tile product; "tiles" is the number of TN
+// tiles along the product's column index.  blockIdx.x = (site or cell) * tiles + tile
+// (site-major, so the blocks that share a site's weights run together and hit L2; the
+// x grid dimension allows 2^31 - 1 blocks), blockIdx.y = tile of TM rows; the block is
+// (TN/RN, TM/RM) threads, threadIdx.x over the tile's columns and threadIdx.y over its
+// rows, each thread an RM x RN piece of outputs (gemm_tile.cuh).
+//   filter_fwd           blockIdx.x: site s = i*SW + j, then N (images) in TN tiles;
+//                        blockIdx.y / threadIdx.y: neurons m; threadIdx.x: images n;
+//                        K = R streamed.
+//   filter_bwd_weights   blockIdx.x: site s, then R (receptive-field elements) in TN
+//                        tiles; blockIdx.y / threadIdx.y: neurons m; threadIdx.x: r;
+//                        K = N (the images are the reduction) streamed.
+//   filter_bwd_data      blockIdx.x: cell (u, v) = u*ceil(W/sw) + v, then N in TN
+//                        tiles; blockIdx.y / threadIdx.y: rows (dy, dx, c) of the cell;
+//                        threadIdx.x: images n; K = ceil(rh/sh)*ceil(rw/sw)*M streamed.
+// The wrapper (cotsdl/ops/cuda/filter.py) launches grid (blocks * tiles, ceil(rows/TM))
+// with block (TN/RN, TM/RM).
+//
+// Compile-time parameters: TM, TN, TK, RM, RN (gemm_tile.cuh documents each, its range
+// and its default).  The wrapper's _tiles chooses TM, TN, RM and RN; every set it can
+// choose is compiled by `cotsdl check-kernels`: the plain build (the defaults, TM = TN =
+// 64 with 4 x 4 per thread) and these lines (RM = RN = 4, the default, where a line
+// gives neither).  A new tile in _tiles needs a line here.
 // check-kernels variant: -DTM=16 -DTN=32
 // check-kernels variant: -DTM=16 -DTN=64
 // check-kernels variant: -DTM=32 -DTN=32
@@ -105,8 +124,19 @@ __device__ void bwd_data(const T* __restrict__ dy, const T* __restrict__ w, T* _
         });
 }
 
+// GEOM_PARAMS: the 13 int geometry parameters every filter kernel ends with, in the
+// order the wrapper passes them (_geom in cotsdl/ops/cuda/filter.py): input (H, W, C, N),
+// site grid (SH, SW), receptive field (rh, rw), stride (sh, sw), block (bh, bw), K maps.
+// GEOM_ARGS: the brace list that builds a Geom from them.
 #define GEOM_PARAMS int H, int W, int C, int N, int SH, int SW, int rh, int rw, int sh, int sw, int bh, int bw, int K
 #define GEOM_ARGS {H, W, C, N, SH, SW, rh, rw, sh, sw, bh, bw, K}
+// COTSDL_FILTER_INSTANCES(T, SUF): the three extern "C" kernels for element type T,
+// named filter_{fwd,bwd_data,bwd_weights}_SUF (the wrapper appends f32 or f64).
+// __launch_bounds__(GT_THREADS, 1): blocks of at most GT_THREADS threads (the launch
+// uses exactly that many), and one resident block per SM is enough, so ptxas keeps
+// registers x GT_THREADS within the register file but otherwise may use up to 255
+// registers a thread for the RM x RN accumulators; check-kernels reports the count
+// and fails on any spill.
 #define COTSDL_FILTER_INSTANCES(T, SUF)                                                                  \
     extern "C" __global__ void __launch_bounds__(GT_THREADS, 1) filter_fwd_##SUF(                            \
             const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,                          \
@@ -124,6 +154,9 @@ __device__ void bwd_data(const T* __restrict__ dy, const T* __restrict__ w, T* _
         bwd_weights<T>(x, dy, dw, xoff, yoff, Geom GEOM_ARGS);                                          \
     }
 COTSDL_FILTER_INSTANCES(float, f32)
-#if TM <= 64  // the 128-row tiles hold 64 doubles per thread: float64 uses the small tiles only
+// float64 with the small tiles only (TM <= 64): _tiles never gives float64 a 128-row
+// tile, and the 128 x 128 one (64 double accumulators per thread) would spill
+// (filter_fwd_f64 reaches the 255-register cap), which check-kernels rejects.
+#if TM <= 64
 COTSDL_FILTER_INSTANCES(double, f64)
 #endif

@@ -1,32 +1,93 @@
 // A block-tiled product C[m][n] = sum_k A[m][k] * B[k][n] for one TM x TN tile of C,
-// the common core of the locally-connected filter kernels.  The caller supplies the
-// index maps: a(m, k) and b(k, n) load an element (0 outside the matrix), and
-// store(m, n, v) writes one result.
+// the common core of the locally-connected filter kernels (filter.cu).  The caller
+// supplies the index maps: a(m, k) and b(k, n) load an element (0 outside the matrix),
+// store(m, n, v) writes one result, and (m0, n0), the tile's first row and column,
+// comes from the caller's block index (filter.cu says which).
 //
-// Threads: (TN/RN) x (TM/RM); each thread owns a contiguous RM x RN block of outputs
-// (rows ty*RM.., columns tx*RN..) held in registers.  K is streamed in chunks of TK
-// through shared memory; per chunk and k a thread reads RM + RN operands (vector
-// loads when RM or RN is a multiple of 4 and T is float) for RM*RN FMAs.
-// A_K_FAST / B_N_FAST say which index is contiguous in global memory, so that
-// consecutive threads load consecutive addresses (coalescing).
+// Layout.  A, B and C are never addressed here: only through the caller's maps, so the
+// tensors' layouts are filter.cu's.  Shared memory holds one K chunk of each operand,
+// both k-major: As[k][m] (A transposed) and Bs[k][n], rows padded to GT_PAD elements.
+// Threads: a (TN/RN) x (TM/RM) block.  threadIdx.x covers the tile's TN columns (n),
+// RN consecutive ones each (n0 + tx*RN ..); threadIdx.y covers its TM rows (m), RM
+// consecutive ones each (m0 + ty*RM ..); each thread holds its RM x RN outputs in
+// registers.  K is streamed in chunks of TK: all threads load a chunk of A and B
+// (flat index tid = ty*(TN/RN) + tx, stride GT_THREADS), then per k a thread reads
+// RM + RN operands (128-bit loads when the count is a multiple of 4 and T is float) for
+// RM*RN FMAs.  A_K_FAST / B_N_FAST say which index is contiguous in global memory; the
+// chunk loads walk that index fastest across consecutive threads, so that they read
+// consecutive addresses (coalescing).
 #pragma once
+
+// ---- Compile-time parameters -------------------------------------------------------
+// They come from the #define preamble of cotsdl/backend.py (kernel(file, fn, defines)).
+// The filter wrapper (_tiles in cotsdl/ops/cuda/filter.py) always passes TM, TN, RM and
+// RN and never TK; every combination it can pick is built by `cotsdl check-kernels`
+// (the "check-kernels variant" lines of filter.cu plus the plain build with the
+// defaults below, which is itself one of the wrapper's tiles: keep it so).
+//
+// TM: rows (m) of the output tile; blockIdx.y steps over M in TM rows.  The wrapper
+//     picks 16, 32 or 64 (the smallest that covers M, else 64, so small products idle
+//     fewer threads) with 4 x 4 micro-tiles, and 128 (with RM = 8) for float32 products with
+//     M >= 128 and N >= 64.  Must be a positive multiple of RM (checked below).
+//     Default 64: the wrapper's tile for every M > 32 that does not get the 128-row
+//     tile (all of them in float64).
 #ifndef TM
 #define TM 64
 #endif
+// TN: columns (n) of the output tile; the caller's blockIdx.x steps over N in TN
+//     columns.  The wrapper picks 32 or 64 for the small tiles, and 64, 96 or 128 for
+//     the 128-row tiles (the one that wastes the fewest columns of N; 96 fits N = 96).
+//     Must be a positive multiple of RN (checked below).  Default 64: the wrapper's
+//     small tile for N > 32.
 #ifndef TN
 #define TN 64
 #endif
+// TK: depth of one K chunk in shared memory.  Any positive value is correct (the last
+//     chunk is zero-padded); no wrapper passes it.  Default 16: the two __syncthreads of
+//     a chunk are shared by TK*RM*RN FMAs per thread, the K-fast operand is read in runs
+//     of TK consecutive elements (64 bytes of float), and the static shared memory
+//     TK*(TM + TN + 8)*sizeof(T) is at most 17 KiB in every built variant (16.5 KiB
+//     for the 128 x 128 float tile, 17 KiB for the 64 x 64 double tile), well within
+//     the 48 KiB limit (checked in gemm_tile below).
 #ifndef TK
 #define TK 16
 #endif
+// RM: rows of outputs per thread (registers: RM*RN accumulators plus RM + RN operands
+//     per k).  The wrapper uses 4 with TM <= 64 and 8 with TM = 128.  Must divide TM;
+//     a multiple of 4 gives 128-bit shared loads of float.  How large RM*RN may be is
+//     bounded by registers: check-kernels fails on any spill (8 x 8 float is the
+//     largest built; a 128 x 128 tile of double would spill, see filter.cu).
+//     Default 4: a 4 x 4 micro-tile, 16 accumulators, vector loads on both operands.
 #ifndef RM
 #define RM 4
 #endif
+// RN: columns of outputs per thread.  The wrapper uses 4 with the small tiles and
+//     TN/16 (4, 6 or 8) with the 128-row tiles, so those have 16 threads across.
+//     Must divide TN.  Default 4, as RM.
 #ifndef RN
 #define RN 4
 #endif
+#if TM <= 0 || TN <= 0 || TK <= 0 || RM <= 0 || RN <= 0
+#error "gemm_tile.cuh: TM, TN, TK, RM and RN must be positive"
+#endif
+#if TM % RM != 0 || TN % RN != 0
+#error "gemm_tile.cuh: TM must be a multiple of RM and TN a multiple of RN (the (TN/RN) x (TM/RM) threads, RM x RN outputs each, must cover the TM x TN tile exactly)"
+#endif
+// GT_THREADS: threads per block, (TM/RM)*(TN/RN).  The launch must use exactly the
+//     block (TN/RN, TM/RM) (the wrapper does): the chunk loads stride by GT_THREADS and
+//     filter.cu declares __launch_bounds__(GT_THREADS, 1).  At most 1024, the CUDA
+//     limit (checked below).  The built variants use 32 to 256, all whole warps
+//     (a multiple of 32 is not needed for correctness, only to leave no lane idle).
 #define GT_THREADS ((TM / RM) * (TN / RN))
-// Rows padded to a multiple of 4 elements (16-byte aligned for float4) plus 4.
+#if GT_THREADS > 1024
+#error "gemm_tile.cuh: (TM/RM)*(TN/RN) threads per block exceeds the CUDA limit of 1024: raise RM or RN, or lower TM or TN"
+#endif
+// GT_PAD(X): length in elements of a shared row holding X values, X + 4.  Padding by 4
+//     keeps each row start 16-byte aligned for the float4 reads (X is a multiple of 4
+//     whenever the vector path is taken, since RM | TM and RN | TN), and keeps a row
+//     from being a multiple of 32 words (the bank count) long, so the k-fast stores of
+//     a chunk (consecutive threads, consecutive rows, same column) do not all fall in
+//     one bank.
 #define GT_PAD(X) ((X) + 4)
 
 template <typename T, int R>
@@ -35,7 +96,8 @@ __device__ __forceinline__ void gt_read(const T* p, T (&v)[R]) {
     for (int i = 0; i < R; ++i) v[i] = p[i];
 }
 
-// float rows of a multiple of 4: 128-bit shared loads.
+// float rows of a multiple of 4: 128-bit shared loads.  p is 16-byte aligned: the row
+// starts are (GT_PAD) and the offset ty*RM or tx*RN is then a multiple of 4.
 template <int R>
 __device__ __forceinline__ void gt_read(const float* p, float (&v)[R]) {
     if constexpr (R % 4 == 0) {
@@ -52,6 +114,9 @@ __device__ __forceinline__ void gt_read(const float* p, float (&v)[R]) {
 
 template <typename T, bool A_K_FAST, bool B_N_FAST, class LA, class LB, class ST>
 __device__ __forceinline__ void gemm_tile(int M, int N, int K, int m0, int n0, LA a, LB b, ST store) {
+    static_assert(sizeof(T) * TK * (GT_PAD(TM) + GT_PAD(TN)) <= 48 * 1024,
+                  "gemm_tile.cuh: As + Bs exceed the 48 KiB of static shared memory a block may have: "
+                  "lower TK, TM or TN");
     __shared__ __align__(16) T As[TK][GT_PAD(TM)];
     __shared__ __align__(16) T Bs[TK][GT_PAD(TN)];
     const int tid = threadIdx.y * (TN / RN) + threadIdx.x;

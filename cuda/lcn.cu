@@ -9,7 +9,16 @@
 // (the window is cut at the image border).  With `divide`, the result is divided by
 // zr[a] * zc[b], the in-bounds weight of the window (border renormalization), so two
 // passes (rows, then columns with divide) give the normalized smoothing.
-// Threads: one per output element, grid-stride loop, n fastest (coalesced).
+// taps is odd (the wrapper passes the 2*rho+1 factors of cotsdl.ops.lcn.gaussian); zr
+// has out_h and zc out_w entries (read only with divide).
+// Threads: a 1-D grid of 1-D blocks, one thread per output element, a grid-stride loop
+// over the linear index, n fastest (coalesced).  Any grid and block size is correct;
+// the wrapper (cotsdl/ops/cuda/lcn.py) launches 256 threads a block and at most 4096
+// blocks.
+//
+// Compile-time parameters: none (no #define is read from the preamble).
+// COTSDL_LCN_INSTANCES(T, SUF) defines the extern "C" kernel lcn_corr_axis_SUF for
+// element type T (f32: float, f64: double).
 
 template <typename T>
 __device__ void corr_axis(const T* __restrict__ in, T* __restrict__ out, const T* __restrict__ g,

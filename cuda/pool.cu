@@ -1,11 +1,19 @@
 // L2 pooling (DESIGN.md section 3), forward and backward.
 //
-// Layouts (C-contiguous, N fastest): x (H, W, C, N); y (PH, PW, C, N) with
-//   y[i][j][c][n] = sqrt(eps + sum_{p<ph, q<pw} x[i*qh+p][j*qw+q][c][n]^2).
-// Threads: one per output element (forward) or input element (backward), a
-// grid-stride loop over the linear index, n fastest, so loads and stores coalesce.
+// Layouts (C-contiguous, N fastest): x and dx (H, W, C, N); y and dy (PH, PW, C, N) with
+//   y[i][j][c][n] = sqrt(eps + sum_{p<ph, q<pw} x[i*qh+p][j*qw+q][c][n]^2),
+// window (ph, pw), stride (qh, qw), and PH = (H - ph)/qh + 1, PW = (W - pw)/qw + 1 as the
+// wrapper computes them (every window lies inside x; a remainder is not pooled).
+// Threads: a 1-D grid of 1-D blocks, one thread per output element (forward) or input
+// element (backward), a grid-stride loop over the linear index, n fastest, so loads
+// and stores coalesce.  Any grid and block size is correct; the wrapper
+// (cotsdl/ops/cuda/pool.py) launches 256 threads a block and at most 4096 blocks.
 // Backward is a gather: each input element sums dy/y over the windows that cover it
 // (no atomics); y == 0 contributes nothing.
+//
+// Compile-time parameters: none (no #define is read from the preamble).
+// COTSDL_POOL_INSTANCES(T, SUF) defines the extern "C" kernels l2pool_fwd_SUF and
+// l2pool_bwd_SUF for element type T (f32: float, f64: double).
 
 template <typename T>
 __device__ void pool_fwd(const T* __restrict__ x, T* __restrict__ y, int H, int W, int C, int N, int ph, int pw,
