@@ -128,7 +128,7 @@ def device_ceilings(repeats: int = 5) -> dict[str, float]:
 
 
 def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: float = 0.2,
-        backend_name: str = "numpy") -> dict[str, Any]:
+        backend_name: str = "numpy", peer: bool = False) -> dict[str, Any]:
     """Measure every shape; print a table; return the numbers."""
     dtype = np.dtype(dtype)
     item = dtype.itemsize

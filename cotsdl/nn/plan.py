@@ -25,13 +25,15 @@ from ..array.collective import allreduce
 from ..array.distarray import DistArray
 from ..array.exchange import ExchangePlan
 from ..array.grid import ProcessGrid
-from ..array.partition import block_box, block_range
 from .layers import Context
+from .layout import layout
 from .network import Network, init_weights
 
 
 @dataclass
 class LayerPlan:
+    """A layer's boxes on this rank (see :class:`~cotsdl.nn.layout.LayerBoxes`) and its exchange."""
+
     layer: Any
     index: int
     in_shape: tuple[int, int, int, int]
@@ -64,24 +66,14 @@ class NetworkPlan:
         if not isinstance(batch, (int, np.integer)) or batch < 1:
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
         self.network, self.grid, self.batch, self.dtype = network, grid, int(batch), np.dtype(dtype)
-        comm, dims, coords = grid.comm, grid.dims, grid.coords
-        in_shape = network.input_shape + (self.batch,)
-        self.input_owned = block_box(in_shape, dims, coords)
-        src = self.input_owned
+        self.input_owned, boxes = layout(network, grid.dims, grid.coords, self.batch)
         self.layers: list[LayerPlan] = []
-        for li, layer in enumerate(network.layers):
-            out_shape = tuple(layer.out_shape(in_shape))
-            UH, UW = layer.units(in_shape)
-            (u0, u1), (v0, v1) = block_range(UH, dims[0], coords[0]), block_range(UW, dims[1], coords[1])
-            sites = Box((u0, v0), (u1, v1))
-            bh, bw = layer.unit_block
-            out = Box((u0 * bh, v0 * bw, 0, 0), (u1 * bh, v1 * bw, out_shape[2], self.batch))
-            window = layer.rf.input_box(out, in_shape)
-            ex = ExchangePlan(comm, in_shape, src, window, self.dtype)
-            self.layers.append(LayerPlan(layer, li, in_shape, out_shape, src, window, out, sites, ex))
-            src, in_shape = out, out_shape
-        self.output_owned = src
-        self.output_shape = in_shape
+        for lb in boxes:
+            ex = ExchangePlan(grid.comm, lb.in_shape, lb.src_owned, lb.window, self.dtype)
+            self.layers.append(LayerPlan(lb.layer, lb.index, lb.in_shape, lb.out_shape, lb.src_owned, lb.window,
+                                         lb.out, lb.sites, ex))
+        self.output_owned = boxes[-1].out
+        self.output_shape = boxes[-1].out_shape
 
     # -- parameters -----------------------------------------------------------
     def init_params(self, seed: int = 0) -> dict[int, np.ndarray]:

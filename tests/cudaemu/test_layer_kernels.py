@@ -1,5 +1,5 @@
 """Every layer kernel, driven through the CUDA backend's own wrappers on the emulator
-(COTSDL_BACKEND=cuda-emu), equals the numpy backend, in both thread orders."""
+(the cuda-emu backend), equals the numpy backend, in both thread orders."""
 import os
 import subprocess
 import sys
@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cotsdl import ops
+from cotsdl import backend, ops
+from cotsdl.ops._dispatch import implementation
 from cotsdl.cudaemu import asan_environment
 from testkit import FILTER_CASES
 
@@ -17,20 +18,24 @@ ORDERS = ["forward", "reverse"]
 
 def both(fn):
     """fn() on the numpy backend and on the emulated CUDA backend."""
-    os.environ["COTSDL_BACKEND"] = "numpy"
-    ref = fn()
-    os.environ["COTSDL_BACKEND"] = "cuda-emu"
-    try:
+    with backend.using("numpy"):
+        ref = fn()
+    with backend.using("cuda-emu"):
         got = fn()
-    finally:
-        os.environ["COTSDL_BACKEND"] = "numpy"
     return ref, got
+
+
+def test_the_emulated_backend_runs_the_cuda_wrappers():
+    x = np.zeros((1, 1, 1, 1), np.float32)
+    with backend.using("cuda-emu"):
+        assert implementation(x) is ops.cuda
+    with backend.using("numpy"):
+        assert implementation(x) is ops.cpu
 
 
 @pytest.fixture(autouse=True)
 def order(request, monkeypatch):
     monkeypatch.setenv("COTSDL_EMU_ORDER", getattr(request, "param", "forward"))
-    monkeypatch.setenv("COTSDL_BACKEND", "numpy")
 
 
 def close(ref, got, dtype):
