@@ -314,7 +314,7 @@ def _train(cfg, source, network, optimizer, data, meta, backend_name, guard, com
     say = (lambda m: print(m, file=log, flush=True)) if root else (lambda m: None)
     common = dict(checkpoint_every=tc["checkpoint_every"], keep=tc["keep"], log_every=tc["log_every"],
                   metrics_file=str(folder / "metrics.jsonl"), max_bad_steps=tc["max_bad_steps"], log=log,
-                  should_stop=guard.requested)
+                  should_stop=guard.requested, overlap=pc["overlap"])
     grid = None if pc["grid"] == "auto" else tuple(pc["grid"])
     say(f"cotsdl train {source}: {comm.Get_size()} rank(s), backend {backend_name}, data {dc['file']} "
         f"({len(data)} images {'x'.join(map(str, data.image_shape))}), global batch {global_batch}, "

@@ -91,12 +91,16 @@ class LocalFilter:
             return _zeros(h, ctx.window.shape)
         return ops.local_filter_backward_data(h, ctx.params, self.stride, self.block, input_shape=ctx.window.shape)
 
+    def weight_grad_local(self, x: np.ndarray, dy: np.ndarray, ctx: Context):
+        """dW on this rank's sites from its input window ``x`` and ``dy`` on its owned output."""
+        if ctx.out.is_empty:
+            return _zeros(dy, ctx.params.shape)
+        return ops.local_filter_backward_weights(x, dy, self.size, self.stride, self.block)
+
     def backward_local(self, dy: np.ndarray, x: np.ndarray, y: np.ndarray, cache, ctx: Context,
                        input_grad: bool = True):
         dx = self.adjoint_local(dy, ctx) if input_grad else None
-        if ctx.out.is_empty:
-            return dx, _zeros(dy, ctx.params.shape)
-        return dx, ops.local_filter_backward_weights(x, dy, self.size, self.stride, self.block)
+        return dx, self.weight_grad_local(x, dy, ctx)
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,39 @@ def layout(network: Network, dims: Sequence[int], coords: Sequence[int], batch: 
         out_shape = tuple(layer.out_shape(in_shape))
         UH, UW = layer.units(in_shape)
         (u0, u1), (v0, v1) = block_range(UH, dims[0], coords[0]), block_range(UW, dims[1], coords[1])
-        bh, bw = layer.unit_block
-        out = Box((u0 * bh, v0 * bw, 0, 0), (u1 * bh, v1 * bw, out_shape[2], int(batch)))
-        rows.append(LayerBoxes(li, layer, in_shape, out_shape, src, layer.rf.input_box(out, in_shape), out,
-                               Box((u0, v0), (u1, v1))))
+        units = Box((u0, v0), (u1, v1))
+        out = unit_output_box(layer, units, out_shape)
+        rows.append(LayerBoxes(li, layer, in_shape, out_shape, src, layer.rf.input_box(out, in_shape), out, units))
         src, in_shape = out, out_shape
     return input_owned, rows
+
+
+def split_units(layer: Any, in_shape: Sequence[int], sites: Box, ready: Box) -> tuple[Box, list[Box]]:
+    """The units of ``sites`` (2-D) whose inputs lie inside ``ready`` (4-D; the part of the input
+    window a rank holds before any halo arrives), and the border strips that cover the rest.
+
+    The interior can be computed while the halo messages travel; the strips after they
+    arrive.  The interior may be empty; interior and strips tile ``sites`` exactly.
+    """
+    if sites.is_empty or ready.is_empty:
+        return Box.empty(2), ([] if sites.is_empty else [sites])
+    rng = []
+    for a in (0, 1):
+        b = layer.unit_block[a]
+        inside = [i for i in range(sites.lo[a], sites.hi[a])
+                  if ready.lo[a] <= layer.rf.input_range(a, i * b, (i + 1) * b, in_shape[a])[0]
+                  and layer.rf.input_range(a, i * b, (i + 1) * b, in_shape[a])[1] <= ready.hi[a]]
+        if not inside:  # input ranges move monotonically with i: the interior is one run
+            return Box.empty(2), [sites]
+        rng.append((inside[0], inside[-1] + 1))
+    (a0, a1), (b0, b1) = rng
+    (u0, v0), (u1, v1) = sites.lo, sites.hi
+    strips = [Box((u0, v0), (a0, v1)), Box((a1, v0), (u1, v1)), Box((a0, v0), (a1, b0)), Box((a0, b1), (a1, v1))]
+    return Box((a0, b0), (a1, b1)), [s for s in strips if not s.is_empty]
+
+
+def unit_output_box(layer: Any, units: Box, out_shape: Sequence[int]) -> Box:
+    """The 4-D output box written by the 2-D box of ``units`` (all channels and images)."""
+    bh, bw = layer.unit_block
+    return Box((units.lo[0] * bh, units.lo[1] * bw, 0, 0),
+               (units.hi[0] * bh, units.hi[1] * bw, out_shape[2], out_shape[3]))

@@ -26,7 +26,7 @@ from ..array.distarray import DistArray
 from ..array.exchange import ExchangePlan
 from ..array.grid import ProcessGrid
 from .layers import Context
-from .layout import layout
+from .layout import layout, split_units, unit_output_box
 from .network import Network, init_weights
 
 
@@ -43,6 +43,8 @@ class LayerPlan:
     out: Box  # the output box this rank owns
     sites: Box  # the units (2-D) this rank owns
     exchange: ExchangePlan
+    #: (interior units, border strips) when the forward overlaps its exchange, else None
+    split: tuple[Box, list[Box]] | None = None
 
 
 @dataclass
@@ -60,18 +62,31 @@ class Tape:
 
 
 class NetworkPlan:
-    """A network laid out on ``grid`` for minibatches of ``batch`` images of ``dtype``."""
+    """A network laid out on ``grid`` for minibatches of ``batch`` images of ``dtype``.
 
-    def __init__(self, network: Network, grid: ProcessGrid, batch: int, dtype: Any = np.float32):
+    ``overlap`` (on by default) hides halo traffic behind work: a filter or pool layer
+    computes the units whose inputs this rank already holds while its halo messages
+    travel, then the border strips; a filter's backward computes its weight gradient
+    while the input gradient travels back to its owners.  Results are the same bit for
+    bit either way (every unit is computed by the same per-unit arithmetic).
+    """
+
+    def __init__(self, network: Network, grid: ProcessGrid, batch: int, dtype: Any = np.float32,
+                 overlap: bool = True):
         if not isinstance(batch, (int, np.integer)) or batch < 1:
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
         self.network, self.grid, self.batch, self.dtype = network, grid, int(batch), np.dtype(dtype)
+        self.overlap = bool(overlap)
         self.input_owned, boxes = layout(network, grid.dims, grid.coords, self.batch)
         self.layers: list[LayerPlan] = []
         for lb in boxes:
             ex = ExchangePlan(grid.comm, lb.in_shape, lb.src_owned, lb.window, self.dtype)
+            split = None
+            if lb.layer.kind in ("filter", "pool") and ex.messages_received:  # LCN's per-image mean is global
+                inner, strips = split_units(lb.layer, lb.in_shape, lb.sites, ex.self_box)
+                split = (inner, strips) if not inner.is_empty else None
             self.layers.append(LayerPlan(lb.layer, lb.index, lb.in_shape, lb.out_shape, lb.src_owned, lb.window,
-                                         lb.out, lb.sites, ex))
+                                         lb.out, lb.sites, ex, split))
         self.output_owned = boxes[-1].out
         self.output_shape = boxes[-1].out_shape
 
@@ -113,12 +128,17 @@ class NetworkPlan:
     def _sum_window(self, lp: LayerPlan, dwin: Any) -> DistArray:
         """Contributions on layer ``lp``'s input window summed into their owners (the adjoint of
         :meth:`_fill_window`); the result is in the owned layout of the layer's input."""
+        owners, pending = self._start_sum_window(lp, dwin)
+        pending.wait()
+        return owners
+
+    def _start_sum_window(self, lp: LayerPlan, dwin: Any) -> tuple[DistArray, Any]:
+        """Begin :meth:`_sum_window`: (the owners' array, valid after ``wait()`` of the pending call)."""
         xp = backend.array_module(dwin)
         comm = self.grid.comm
         src = DistArray(comm, lp.in_shape, lp.window, data=dwin.astype(self.dtype, copy=False))
         owners = DistArray(comm, lp.in_shape, lp.src_owned, lp.src_owned, data=xp.empty(lp.src_owned.shape, self.dtype))
-        lp.exchange.exchange_adjoint(src, owners, validate=False)
-        return owners
+        return owners, lp.exchange.start_adjoint(src, owners, validate=False)
 
     def _layers(self, start: int, upto: int | None) -> list[LayerPlan]:
         stop = len(self.layers) if upto is None else upto
@@ -137,8 +157,7 @@ class NetworkPlan:
         tape = Tape([], [], [], first=start)
         cur = x
         for lp in run:
-            xwin = self._fill_window(lp, cur)
-            y, cache = lp.layer.forward_local(xwin, self.context(lp, params))
+            xwin, y, cache = self._forward_layer(lp, cur, params)
             if y.dtype != self.dtype or y.shape != lp.out.shape:  # numpy 2 promotes silently
                 raise AssertionError(f"layer {lp.index} produced {y.dtype} {y.shape}, expected {self.dtype} {lp.out.shape}")
             tape.inputs.append(xwin)
@@ -146,6 +165,33 @@ class NetworkPlan:
             tape.caches.append(cache)
             cur = DistArray(cur.comm, lp.out_shape, lp.out, lp.out, data=y)
         return cur, tape
+
+    def _forward_layer(self, lp: LayerPlan, x: DistArray, params: dict[int, Any] | None) -> tuple[Any, Any, Any]:
+        """(input window, owned output, cache) of one layer, overlapping its exchange when split."""
+        if not (self.overlap and lp.split):
+            xwin = self._fill_window(lp, x)
+            return (xwin,) + tuple(lp.layer.forward_local(xwin, self.context(lp, params)))
+        xp = backend.array_module(x.data)
+        win = DistArray(x.comm, lp.in_shape, lp.window, data=xp.empty(lp.window.shape, self.dtype))
+        pending = lp.exchange.start(x, win, validate=False)  # this rank's own part lands at once
+        y = xp.empty(lp.out.shape, self.dtype)
+        inner, strips = lp.split
+        self._forward_units(lp, win.data, y, inner, params)
+        pending.wait()
+        for units in strips:
+            self._forward_units(lp, win.data, y, units, params)
+        return win.data, y, None
+
+    def _forward_units(self, lp: LayerPlan, xwin: Any, y: Any, units: Box, params: dict[int, Any] | None) -> None:
+        """The output of the units ``units`` (a sub-box of ``lp.sites``) written into ``y``."""
+        out = unit_output_box(lp.layer, units, lp.out_shape)
+        inp = lp.layer.rf.input_box(out, lp.in_shape)
+        w = None
+        if lp.layer.kind == "filter":  # this rank's weights are indexed by its own sites
+            w = params[lp.index][units.slices_in(lp.sites)]
+        part, _ = lp.layer.forward_local(xwin[inp.slices_in(lp.window)],
+                                         Context(lp.in_shape, inp, out, self._allreduce, w))
+        y[out.slices_in(lp.out)] = part
 
     def backward(self, dy: DistArray, tape: Tape, params: dict[int, np.ndarray], *,
                  input_grad: bool = True) -> tuple[DistArray | None, dict[int, np.ndarray]]:
@@ -159,8 +205,16 @@ class NetworkPlan:
         for i in reversed(tape.layers):
             lp, k = self.layers[i], i - tape.first
             need = input_grad or i > tape.first
-            dx, dw = lp.layer.backward_local(cur.data, tape.inputs[k], tape.outputs[k], tape.caches[k],
-                                             self.context(lp, params), input_grad=need)
+            ctx = self.context(lp, params)
+            if self.overlap and need and lp.layer.kind == "filter":
+                # the weight gradient is computed while the input gradient travels to its owners
+                owners, pending = self._start_sum_window(lp, lp.layer.adjoint_local(cur.data, ctx))
+                grads[i] = lp.layer.weight_grad_local(tape.inputs[k], cur.data, ctx)
+                pending.wait()
+                cur = owners
+                continue
+            dx, dw = lp.layer.backward_local(cur.data, tape.inputs[k], tape.outputs[k], tape.caches[k], ctx,
+                                             input_grad=need)
             if dw is not None:
                 grads[i] = dw
             cur = self._sum_window(lp, dx) if need else None

@@ -72,6 +72,8 @@ class GreedyTrainer:
         a JSON line to ``metrics_file``.
     max_bad_steps : int
         Consecutive non-finite steps (skipped) after which training stops.
+    overlap : bool
+        Hide halo traffic behind computation (same results bit for bit; see ``NetworkPlan``).
     overwrite : bool
         Allow a new run in a ``checkpoint_dir`` that holds checkpoints already (refused
         by default: ``keep`` would prune them).  ``resume`` continues a run in place.
@@ -86,7 +88,7 @@ class GreedyTrainer:
                  seed: int = 0, dtype: Any = np.float32, checkpoint_dir: str | None = None,
                  checkpoint_every: int = 0, keep: int = 3, log_every: int = 10, metrics_file: str | None = None,
                  max_bad_steps: int = 5, log=sys.stdout, should_stop: Callable[[], bool] | None = None,
-                 overwrite: bool = False):
+                 overwrite: bool = False, overlap: bool = True):
         err = None
         if tuple(getattr(data, "image_shape", ())) != network.input_shape:
             err = f"the data's images are {getattr(data, 'image_shape', None)}, the network takes {network.input_shape}"
@@ -116,7 +118,7 @@ class GreedyTrainer:
         agree(comm, network=network.describe(), batch=int(batch), replicas=replicas,
               grid=None if grid is None else [int(v) for v in grid], lam=float(lam), tied=bool(tied), seed=int(seed),
               dtype=np.dtype(dtype).name, checkpoint_dir=checkpoint_dir, checkpoint_every=int(checkpoint_every),
-              keep=int(keep), max_bad_steps=int(max_bad_steps), overwrite=bool(overwrite),
+              keep=int(keep), max_bad_steps=int(max_bad_steps), overwrite=bool(overwrite), overlap=bool(overlap),
               optimizer=(type(optimizer).__name__, schedules_describe(optimizer.schedule), optimizer.hyper()),
               data=(tuple(data.image_shape), len(data) if hasattr(data, "__len__") else None,
                     getattr(data, "seed", None)))
@@ -126,7 +128,7 @@ class GreedyTrainer:
                                if comm.Get_rank() == 0 else None, OSError)
         self.world, self.network, self.data = comm, network, data
         self.layout = split_replicas(comm, replicas, grid, extent=network.input_shape[:2])
-        self.plan = NetworkPlan(network, self.layout.grid, int(batch), dtype)
+        self.plan = NetworkPlan(network, self.layout.grid, int(batch), dtype, overlap=overlap)
         self.batch, self.replicas, self.lam, self.tied, self.seed = int(batch), int(replicas), float(lam), tied, int(seed)
         # With the cuda backend the weights, the optimizer state and the images live on the GPU.
         self.xp = backend.xp()

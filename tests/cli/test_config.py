@@ -25,7 +25,7 @@ def test_defaults_are_filled_in():
     assert cfg["train"]["schedule"]["start_factor"] == 0.0 and cfg["train"]["schedule"]["min_lr"] == 0.0
     bare = config.load(DEMO, ["train.schedule={}"])  # no schedule given: a constant learning rate
     assert bare["train"]["schedule"] == {"kind": "constant", "warmup_steps": 0, "start_factor": 0.0}
-    assert cfg["parallel"] == {"replicas": 1, "grid": "auto"}
+    assert cfg["parallel"] == {"replicas": 1, "grid": "auto", "overlap": True}
 
 
 def test_set_overrides_any_key():

@@ -11,11 +11,11 @@ from netcases import network
 BATCH = 3
 
 
-def run(comm, dims, dtype, seed=0):
+def run(comm, dims, dtype, seed=0, overlap=True):
     """Forward + backward on ``comm``; returns gathered (y, dx, {layer: dw}, {layer: w}) on rank 0."""
     net = network()
     grid = ProcessGrid(comm, dims)
-    plan = NetworkPlan(net, grid, BATCH, dtype)
+    plan = NetworkPlan(net, grid, BATCH, dtype, overlap=overlap)
     rng = np.random.default_rng(seed)  # the same images and output weights on every rank
     images = rng.standard_normal(net.input_shape + (BATCH,)).astype(dtype)
     r = rng.standard_normal(plan.output_shape).astype(dtype)
@@ -57,3 +57,29 @@ def test_weights_identical_on_any_grid(comm):
             serial = run(MPI.COMM_SELF, (1, 1), np.float32)
             for key in (k for k in dist if k.startswith("w")):
                 np.testing.assert_array_equal(dist[key], serial[key])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("dims", grids())
+def test_overlap_changes_no_bit(comm, dims, dtype):
+    on, off = run(comm, dims, dtype, overlap=True), run(comm, dims, dtype, overlap=False)
+    if comm.Get_rank() == 0:
+        assert sorted(on) == sorted(off)
+        for key in on:
+            np.testing.assert_array_equal(on[key], off[key], err_msg=f"{key} on grid {dims}")
+
+
+def test_overlap_splits_where_halos_travel(comm):
+    """On more than one rank the filter and pool layers overlap (an interior exists); LCN never does."""
+    for dims in grids():
+        grid = ProcessGrid(comm, dims)
+        plan = NetworkPlan(network(), grid, BATCH, np.float32)
+        for lp in plan.layers:
+            if lp.split is not None:
+                assert lp.layer.kind in ("filter", "pool") and lp.exchange.messages_received
+                inner, strips = lp.split
+                assert inner.size + sum(s.size for s in strips) == lp.sites.size
+        split = MPI.COMM_WORLD.allreduce(sum(lp.split is not None for lp in plan.layers))
+        if comm.Get_size() > 1:
+            assert split > 0
+        grid.free()
