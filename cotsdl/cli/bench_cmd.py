@@ -119,7 +119,67 @@ def _emulator(args) -> int:
 
 
 def _scaling(args) -> int:
-    raise ValueError("'cotsdl bench scaling' is not implemented in this version")
+    import numpy as np  # noqa: PLC0415
+    from mpi4py import MPI  # noqa: PLC0415
+
+    from ..array.collective import agree, raise_collectively  # noqa: PLC0415
+    from ..bench import common, scaling  # noqa: PLC0415
+    from ..nn.network import Network  # noqa: PLC0415
+    from . import config as cfgmod  # noqa: PLC0415
+    from .train import _setup_backend, make_optimizer  # noqa: PLC0415
+
+    comm = MPI.COMM_WORLD  # the program's world: the library itself always takes a communicator
+    agree(comm, config=args.config, steps=args.steps, warmup=args.warmup, stage=args.stage, grid=args.grid,
+          replicas=args.replicas, overlap=args.overlap, machine=args.machine, json=args.json)
+    cfg, err = None, None
+    if comm.Get_rank() == 0:
+        try:
+            cfg = cfgmod.load(args.config)
+            network = Network.from_description(cfg["network"])
+            make_optimizer(cfg["train"]["optimizer"], cfg["train"]["schedule"])
+            err = common.check_output_path(args.json)
+            if err is None and not (args.steps >= 1 and args.warmup >= 0 and args.replicas >= 1):
+                err = f"need --steps >= 1, --warmup >= 0, --replicas >= 1; got {args.steps}, {args.warmup}, {args.replicas}"
+            elif err is None and not 0 <= args.stage < len(network.stages):
+                err = f"--stage must be in [0, {len(network.stages)}) for {args.config}, got {args.stage}"
+        except (cfgmod.ConfigError, ValueError) as e:
+            err = f"{args.config}: {e}" if not str(e).startswith(str(args.config)) else str(e)
+    cfg, err = comm.bcast((cfg, err))
+    raise_collectively(comm, err)
+    network = Network.from_description(cfg["network"])
+    tc = cfg["train"]
+    _setup_backend(cfg, comm)
+    predict = None
+    if args.machine:
+        predict = _predictor(network, cfg, args.machine, args.stage)
+    batch = cfg["data"]["batch"] * cfg["parallel"]["replicas"]
+    res = scaling.run(comm, network, lambda: make_optimizer(tc["optimizer"], tc["schedule"]), batch=batch,
+                      stage=args.stage, steps=args.steps, warmup=args.warmup, replicas=args.replicas,
+                      grid=tuple(args.grid) if args.grid else None,
+                      overlaps={"on": (True,), "off": (False,), "both": (True, False)}[args.overlap],
+                      predict=predict, lam=tc["lam"], tied=tc["tied"], seed=tc["seed"], dtype=np.dtype(tc["dtype"]))
+    res["config"], res["machine"] = str(args.config), args.machine
+    if args.json and comm.Get_rank() == 0:
+        common.write_json(args.json, res)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _predictor(network, cfg, machine_arg: str, stage: int):
+    """The planner's step-time prediction for a setting, as ``scaling.run`` asks for it."""
+    try:
+        from .. import planner  # noqa: PLC0415
+    except ImportError as e:  # pragma: no cover - the planner ships with the package
+        raise ValueError(f"--machine needs the run planner (cotsdl.planner), which does not import: {e}") from None
+    machine = planner.load_machine(machine_arg)
+    slots = {"adam": 2, "momentum": 1, "nesterov": 1, "lars": 1, "lamb": 2, "rmsprop": 1, "adagrad": 1}.get(
+        cfg["train"]["optimizer"]["kind"], 0)
+
+    def predict(p, replicas, dims, overlap):
+        return planner.predict_step(network, cfg["data"]["batch"] * cfg["parallel"]["replicas"] // replicas, p,
+                                    dims, replicas, machine, stage=stage, dtype=cfg["train"]["dtype"],
+                                    optimizer_slots=slots, ranks_per_node=p)["seconds"]
+    return predict
 
 
 def _calibrate(args) -> int:

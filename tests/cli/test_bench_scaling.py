@@ -1,0 +1,53 @@
+"""`cotsdl bench scaling` as a user runs it: real training steps on 1..P ranks, overlap on and off."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from testkit import tiny_config
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+
+
+def bench(*args, ranks=2, timeout=200, cwd=None):
+    cmd = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "cotsdl", "bench", "scaling", *args]
+    env = {**os.environ, "MPIEXEC_TIMEOUT": str(timeout)}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=env, cwd=cwd)
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(tiny_config(tmp_path / "unused.h5", tmp_path / "run", steps=2, every=0))
+    return path
+
+
+def test_scaling_measures_every_rank_count_and_both_overlaps(cfg, tmp_path):
+    out = tmp_path / "s.json"
+    res = bench(str(cfg), "--steps", "2", "--warmup", "1", "--stage", "1", "--replicas", "2", "--json", str(out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    got = {(m["ranks"], m["replicas"], m["overlap"]) for m in data["results"]}
+    assert got == {(1, 1, True), (1, 1, False), (2, 1, True), (2, 1, False), (2, 2, True), (2, 2, False)}
+    for m in data["results"]:
+        assert m["step_s"] > 0 and m["images_per_s"] > 0 and 0 <= m["exchange_s"] <= m["step_s"] * 1.5
+        assert m["efficiency"] > 0 and m["compute_s"] >= 0
+    assert "images/s" in res.stdout and res.stdout.count("\n") >= 6
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0"], "need --steps >= 1"),
+    (["--stage", "5"], "--stage must be in [0, 2)"),
+    (["--json", "/nonexistent/dir/s.json"], "/nonexistent/dir"),
+])
+def test_bad_arguments_are_one_clear_error(cfg, args, message):
+    res = bench(str(cfg), *args)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert message in res.stderr and res.stderr.count("cotsdl: error") == 1
+
+
+def test_a_missing_config_is_named(tmp_path):
+    res = bench(str(tmp_path / "nope.toml"))
+    assert res.returncode == 2 and "nope.toml" in res.stderr
