@@ -183,4 +183,24 @@ def _predictor(network, cfg, machine_arg: str, stage: int):
 
 
 def _calibrate(args) -> int:
-    raise ValueError("'cotsdl bench calibrate' is not implemented in this version")
+    from mpi4py import MPI  # noqa: PLC0415
+
+    from ..array.collective import agree, raise_collectively  # noqa: PLC0415
+    from ..bench import calibrate, common  # noqa: PLC0415
+
+    comm = MPI.COMM_WORLD  # the program's world: the library itself always takes a communicator
+    agree(comm, repeats=args.repeats, quick=args.quick, json=args.json)
+    err = common.check_output_path(args.json) if comm.Get_rank() == 0 else None
+    if err is None and args.repeats < 1:
+        err = f"--repeats must be >= 1, got {args.repeats}"
+    raise_collectively(comm, err)
+    machine = calibrate.run(comm, args.repeats, args.quick)
+    if comm.Get_rank() == 0:
+        if args.json:
+            common.write_json(args.json, machine)
+            print(f"wrote {args.json}")
+        else:
+            import json  # noqa: PLC0415
+
+            print(json.dumps(machine, indent=2))
+    return 0

@@ -1,0 +1,401 @@
+"""``cotsdl bench calibrate``: measure this machine and return the machine file ``cotsdl plan`` reads.
+
+The planner predicts an operation's time as ``max(flops / (rate * eff), bytes /
+(memory_bandwidth * eff)) + overhead_s`` (a CPU rank's rate is ``peak_flops`` times its
+share of the cores) and a message's as ``alpha_s + bytes * beta_s_per_byte``.  This
+module measures every number of that model in one run:
+
+- ``peak_flops``: numpy's float32 sgemm on all cores (:func:`cotsdl.bench.layers.sgemm_ceiling`);
+  ``memory_bandwidth``: a large copy split over all cores (bytes read + bytes written,
+  as STREAM counts them); ``cores``: :func:`cotsdl.ops.available_cores`;
+  ``memory_bytes``: MemTotal of /proc/meminfo.
+- ``overhead_s``: the median time of the timed operations called on tiny arrays
+  (argument checks, dispatch, the thread pool's hand-off).
+- ``efficiency``: every pass of every stage of the demo network (``jobs/configs/demo.toml``)
+  timed with :mod:`cotsdl.ops` (median of the repeats) on all cores and on 1 core.  Per
+  op the efficiency is the one that makes the planner's model reproduce the measurement:
+  ``max(flops / rate, bytes / bandwidth) / (t - overhead_s)`` with ``rate`` and
+  ``bandwidth`` the share of the threads used (threads / cores of the peak and of the
+  memory bandwidth, as :func:`cotsdl.planner.machine.rank_share`), summed over the stages
+  first (time-weighted), with FLOPs and minimum bytes from :mod:`cotsdl.ops.costs`.  For
+  the filter passes the FLOP term is the larger, so this is achieved FLOP/s / peak; for
+  pool, LCN and the elementwise update (one Adam step of :class:`cotsdl.train.optim.Adam`
+  on the stage's weights, reading p, g, m, v and writing p, m, v: 7 words per weight, as
+  the planner counts an update with 2 slots) it is achieved bytes/s / bandwidth.  The
+  planner holds one efficiency per op, but the small passes of the demo scale poorly
+  with threads, so the file gets the geometric mean of the all-cores and 1-core values
+  of the demo case (a 1-rank run uses all cores, a run with a rank per core 1 each);
+  every case and thread count is printed and kept under ``calibration``.
+- ``link``: an MPI ping-pong between ranks 0 and 1 over message sizes from 8 B to
+  4 MiB, fitted by least squares on the relative error (so small and large messages
+  count alike) to ``alpha + beta * bytes``; then one real halo exchange
+  (:class:`cotsdl.array.ExchangePlan` on the grid of all ranks) is printed against the
+  model.  On one rank there is no link: an in-process copy is fitted instead and the
+  file's ``source`` and ``calibration.link_measured`` say so.
+
+The top-level ``calibration`` key holds the raw numbers (the planner ignores unknown
+top-level keys).
+
+Compute is measured on rank 0 while the other ranks wait without spinning (an
+``Ibarrier`` polled with sleeps), so they take no core from it.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import __version__, ops
+from ..array import Box, DistArray, ExchangePlan, ProcessGrid, grow
+from ..array.collective import raise_collectively
+from ..nn.network import Network
+from ..ops import costs
+from .exchange import pingpong
+from .layers import best_time, sgemm_ceiling
+
+# The network of jobs/configs/demo.toml (copied: an installed package has no jobs/ folder).
+DEMO_STAGES = [
+    {"filter": {"size": [7, 7], "stride": [1, 1], "channels": 16},
+     "pool": {"size": [2, 2], "stride": [2, 2], "eps": 0.01}, "lcn": {"size": 5, "sigma": 1.0, "eps": 0.001}},
+    {"filter": {"size": [4, 4], "stride": [1, 1], "channels": 16},
+     "pool": {"size": [2, 2], "stride": [2, 2], "eps": 0.01}, "lcn": {"size": 3, "sigma": 1.0, "eps": 0.001}},
+    {"filter": {"size": [3, 3], "stride": [1, 1], "channels": 16},
+     "pool": {"size": [2, 2], "stride": [1, 1], "eps": 0.01}, "lcn": {"size": 3, "sigma": 1.0, "eps": 0.001}},
+]
+# (label, input (H, W, C), batch N): the demo network on colour 64x64 crops with N = 96, and as
+# demo.toml trains it (grey, N = 32; `bench scaling jobs/configs/demo.toml` times this one).  Both are
+# printed; the file's efficiencies come from the last case (see ``run``).
+CASES = [("64x64x3 N=96", (64, 64, 3), 96), ("64x64x1 N=32 (demo)", (64, 64, 1), 32)]
+QUICK_CASES = [("64x64x3 N=16 (quick)", (64, 64, 3), 16)]
+OPS = ["filter_forward", "filter_backward_data", "filter_backward_weights", "pool_forward", "pool_backward",
+       "lcn_forward", "lcn_backward", "elementwise"]
+ADAM_WORDS = 7  # Adam reads p, g, m, v and writes p, m, v
+
+
+def demo_network(input_shape) -> Network:
+    return Network.from_description({"input": list(input_shape), "stages": DEMO_STAGES})
+
+
+def median_time(fn: Callable[[], Any], repeats: int, min_time: float = 0.0) -> float:
+    """Median wall time of ``fn`` over at least ``repeats`` calls and ``min_time`` seconds, after one warm-up."""
+    fn()
+    times: list[float] = []
+    while len(times) < repeats or sum(times) < min_time:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+# -- the device ---------------------------------------------------------------------------
+def memory_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def copy_bandwidth(nbytes: int, threads: int, repeats: int) -> float:
+    """Bytes/s of a copy of ``nbytes`` split over ``threads`` threads (read + write counted, as STREAM)."""
+    n = nbytes // 4
+    src, dst = np.ones(n, np.float32), np.zeros(n, np.float32)
+    bounds = np.linspace(0, n, threads + 1).astype(int)
+    parts = [(dst[lo:hi], src[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    with ThreadPoolExecutor(threads) as pool:
+        def copy():
+            list(pool.map(lambda p: np.copyto(*p), parts))
+        t = best_time(copy, repeats)
+    return 2.0 * n * 4 / t
+
+
+# -- the passes of a stage ----------------------------------------------------------------
+def stage_passes(net: Network, N: int, stages, rng) -> list[tuple[str, int, Callable[[], Any], costs.Cost]]:
+    """(op, stage, callable, cost) of every timed pass of ``stages`` of ``net`` at batch ``N``, float32."""
+    from ..train.optim import Adam  # noqa: PLC0415
+
+    out = []
+    f32 = np.float32
+    for k in stages:
+        st = net.stages[k]
+        fl, pl, ll = st.filter, st.pool, st.lcn
+        xs = net.shapes[net.layer_index(k, "filter")] + (N,)
+        x = rng.standard_normal(xs, dtype=f32)
+        w = rng.standard_normal(fl.weight_shape(xs), dtype=f32) * f32(0.1)
+        y = ops.local_filter(x, w, fl.stride, fl.block)
+        dy = rng.standard_normal(y.shape, dtype=f32)
+        fc = fl.cost(xs, 4)
+        p = ops.l2_pool(y, pl.size, pl.stride, pl.eps)
+        dp = np.ones_like(p)
+        pc = costs.l2_pool(*y.shape, pl.size, pl.stride, 4)
+        z = rng.standard_normal(p.shape, dtype=f32)
+        dz = rng.standard_normal(p.shape, dtype=f32)
+        lc = costs.lcn(*p.shape, ll.size, 4)
+        adam, g = Adam(lr=0.01), rng.standard_normal(w.shape, dtype=f32) * f32(1e-3)
+        wa = w.copy()
+        out += [
+            ("filter_forward", k, lambda x=x, w=w, fl=fl: ops.local_filter(x, w, fl.stride, fl.block), fc["forward"]),
+            ("filter_backward_data", k, lambda dy=dy, w=w, fl=fl, xs=xs: ops.local_filter_backward_data(
+                dy, w, fl.stride, fl.block, input_shape=xs), fc["backward_data"]),
+            ("filter_backward_weights", k, lambda x=x, dy=dy, fl=fl: ops.local_filter_backward_weights(
+                x, dy, fl.size, fl.stride, fl.block), fc["backward_weights"]),
+            ("pool_forward", k, lambda y=y, pl=pl: ops.l2_pool(y, pl.size, pl.stride, pl.eps), pc["forward"]),
+            ("pool_backward", k, lambda dp=dp, y=y, p=p, pl=pl: ops.l2_pool_backward(dp, y, p, pl.size, pl.stride),
+             pc["backward"]),
+            ("lcn_forward", k, lambda z=z, ll=ll: ops.lcn(z, ll.size, ll.sigma, ll.eps), lc["forward"]),
+            ("lcn_backward", k, lambda dz=dz, z=z, ll=ll: ops.lcn_backward(dz, z, ll.size, ll.sigma, ll.eps),
+             lc["backward"]),
+            ("elementwise", k, lambda adam=adam, wa=wa, g=g: adam.step({"w": wa}, {"w": g}),
+             costs.Cost(15.0 * w.size, 4.0 * ADAM_WORDS * w.size)),
+        ]
+    return out
+
+
+def tiny_overhead(repeats: int) -> tuple[float, dict[str, float]]:
+    """Median over the op kinds of the time of one call on tiny arrays (what a call costs beyond its work)."""
+    net = Network.from_description({"input": [6, 6, 1], "stages": [
+        {"filter": {"size": [2, 2], "stride": [1, 1], "channels": 1},
+         "pool": {"size": [2, 2], "stride": [1, 1], "eps": 0.01}, "lcn": {"size": 3, "sigma": 1.0, "eps": 0.001}}]})
+    per = {name: median_time(fn, max(20, 4 * repeats))
+           for name, _, fn, _ in stage_passes(net, 1, [0], np.random.default_rng(1))}
+    return float(np.median(list(per.values()))), per
+
+
+def efficiencies(rows, peak: float, bw: float, overhead: float) -> dict[str, float]:
+    """Per op: sum over rows of the model's floor / sum of (time - overhead) (the time-weighted efficiency)."""
+    out = {}
+    for op in OPS:
+        mine = [r for r in rows if r["op"] == op]
+        floor = sum(max(r["flops"] / peak, r["bytes"] / bw) for r in mine)
+        spent = sum(max(r["seconds"] - overhead, 0.05 * r["seconds"]) for r in mine)
+        out[op] = floor / spent
+    return out
+
+
+# -- the link -------------------------------------------------------------------------------
+def fit_link(sizes, times) -> tuple[float, float]:
+    """alpha, beta of ``t = alpha + beta * bytes`` by least squares on the relative error; both > 0."""
+    b, t = np.asarray(sizes, float), np.asarray(times, float)
+    A = np.stack([1.0 / t, b / t], axis=1)
+    (alpha, beta), *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
+    if not (alpha > 0 and beta > 0):  # degenerate (noise): the smallest message and the largest's slope
+        i, j = int(np.argmin(b)), int(np.argmax(b))
+        alpha = max(float(t[i]), 1e-9)
+        beta = max((t[j] - alpha) / max(b[j] - b[i], 1.0), 1e-15)
+    return float(alpha), float(beta)
+
+
+def copy_times(sizes, repeats: int) -> list[float]:
+    """Time of an in-process copy of each size (the stand-in for a link on one rank)."""
+    out = []
+    for n in sizes:
+        src, dst = np.ones(max(n, 1), np.uint8), np.zeros(max(n, 1), np.uint8)
+        out.append(median_time(lambda: np.copyto(dst, src), max(5, repeats)))
+    return out
+
+
+def halo_exchange(comm, shape, halo: int, repeats: int) -> dict[str, Any]:
+    """Median time of refreshing a ``halo``-wide halo of a float32 ``shape`` array on the grid of all ranks,
+    with the busiest rank's message count and bytes."""
+    grid = ProcessGrid(comm, None, extent=shape[:2])
+    gbox = Box.from_shape(shape)
+    arr = DistArray.on_grid(grid, shape, np.float32, window=lambda b: grow(b, (halo, halo), (halo, halo), gbox))
+    arr.data[...] = comm.Get_rank()
+    plan = ExchangePlan.between(arr, arr)
+    rank = comm.Get_rank()
+    sizes = [t_.box.size * 4 for t_ in plan.sends if t_.peer != rank]
+    busiest = max(comm.allgather(sizes), key=sum)
+    from .common import timed  # noqa: PLC0415
+    samples = timed(comm, lambda: plan.exchange(arr, arr, validate=False), repeats, 2)
+    dims = list(grid.dims)
+    grid.free()
+    return {"shape": list(shape), "halo": halo, "grid": dims, "messages": len(busiest), "bytes": int(sum(busiest)),
+            "seconds": float(np.median(samples))}
+
+
+# -- the run ----------------------------------------------------------------------------------
+def _wait_idle(comm) -> None:
+    """Barrier for ranks that have nothing to do: poll with sleeps so no core spins."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(0.005)
+
+
+def _measure_compute(repeats: int, quick: bool, say) -> dict[str, Any]:
+    cores = ops.available_cores()
+    prev = ops.num_threads()
+    res: dict[str, Any] = {"cores": cores}
+    try:
+        ops.set_num_threads(cores)
+        say(f"[1/4] sgemm ceiling and memory bandwidth on {cores} core(s) ...")
+        res["peak_flops"] = sgemm_ceiling(1024 if quick else 2048, 3 if quick else max(3, repeats)) * 1e9
+        big = (32 if quick else 256) << 20
+        res["memory_bandwidth"] = copy_bandwidth(big, cores, 3 if quick else max(3, repeats))
+        res["bandwidth_1thread"] = copy_bandwidth(big, 1, 3) if not quick else None
+        say(f"      sgemm {res['peak_flops'] / 1e9:.1f} GFLOP/s, copy {res['memory_bandwidth'] / 1e9:.2f} GB/s"
+            + (f" ({res['bandwidth_1thread'] / 1e9:.2f} GB/s on 1 thread)" if res["bandwidth_1thread"] else ""))
+        res["overhead_s"], res["tiny"] = tiny_overhead(repeats)
+        say(f"      overhead per op call (tiny arrays, median of the ops) {res['overhead_s'] * 1e6:.1f} us: "
+            + ", ".join(f"{k} {v * 1e6:.0f}" for k, v in res["tiny"].items()))
+        thread_counts = [cores] if quick or cores == 1 else [cores, 1]
+        cases = QUICK_CASES if quick else CASES
+        rows = []
+        for ci, (label, inp, N) in enumerate(cases):
+            net = demo_network(inp)
+            stages = [0] if quick else range(len(net.stages))
+            passes = stage_passes(net, N, stages, np.random.default_rng(ci))
+            for th in thread_counts:
+                ops.set_num_threads(th)
+                say(f"[2/4] case {label}: {len(passes)} passes on {th} thread(s) ...")
+                for op, k, fn, cost in passes:
+                    t = median_time(fn, repeats, 0.0 if quick else 0.1)
+                    rows.append({"case": label, "threads": th, "op": op, "stage": k, "seconds": t,
+                                 "flops": cost.flops, "bytes": cost.bytes})
+        res["rows"] = rows
+        res["thread_counts"] = thread_counts
+        res["cases"] = [c[0] for c in cases]
+    finally:
+        ops.set_num_threads(prev if prev != ops.available_cores() else None)
+    return res
+
+
+def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -> dict[str, Any]:
+    """Measure; rank 0 prints; return the machine dict (the same on every rank)."""
+    raise_collectively(comm, None if int(repeats) >= 1 else f"--repeats must be >= 1, got {repeats}")
+    rank, size = comm.Get_rank(), comm.Get_size()
+    say = (lambda *a: print(*a, file=log, flush=True)) if rank == 0 else (lambda *a: None)
+    host = socket.gethostname()
+    hosts = comm.allgather(host)
+    t_start = time.perf_counter()
+    say(f"cotsdl bench calibrate: {size} rank(s) on {len(set(hosts))} host(s), {ops.available_cores()} core(s) "
+        f"on rank 0, repeats {repeats}{', quick' if quick else ''}; {MPI.Get_library_version().splitlines()[0].strip()}")
+
+    # 1. compute, on rank 0 alone (the others wait without spinning)
+    comp, err = None, None
+    if rank == 0:
+        try:
+            comp = _measure_compute(repeats, quick, say)
+        except Exception as e:  # noqa: BLE001 - reported on every rank below
+            err = f"calibration failed on rank 0: {type(e).__name__}: {e}"
+        comm.Ibarrier().Wait()  # matches the others' Ibarrier (a blocking Barrier would not)
+    else:
+        _wait_idle(comm)
+    raise_collectively(comm, err, RuntimeError)
+    comp = comm.bcast(comp, root=0)
+    peak, bw, over, cores = comp["peak_flops"], comp["memory_bandwidth"], comp["overhead_s"], comp["cores"]
+
+    all_rows = comp["rows"]
+    eff_by = {}  # (case, threads) -> efficiencies; on 1 thread a rank's rate is peak / cores
+    for case in comp["cases"]:
+        for th in comp["thread_counts"]:
+            rows = [r for r in all_rows if r["case"] == case and r["threads"] == th]
+            eff_by[(case, th)] = efficiencies(rows, peak * th / cores, bw * th / cores, over)
+    # Written: the case demo.toml trains (the last), geometric mean over all cores and 1 core: the planner
+    # has one efficiency per op, and a rank runs on all cores (1 rank) or on 1 core (a rank per core).
+    written = [k for k in eff_by if k[0] == comp["cases"][-1]]
+    eff = {op: float(np.exp(np.mean([np.log(eff_by[k][op]) for k in written]))) for op in OPS}
+    if rank == 0:
+        say("")
+        say(f"per-op times and efficiencies (model: max(flops/rate, bytes/bandwidth)/(t - overhead); rate = "
+            f"{peak / 1e9:.1f} GFLOP/s and bandwidth {bw / 1e9:.2f} GB/s, each x threads/{cores})")
+        say(f"{'case':22} {'op':24} {'stage':>5} {'thr':>3} {'ms':>9} {'GFLOP/s':>8} {'GB/s':>7} {'bound':>6} {'eff':>6}")
+        for r in all_rows:
+            rate, rbw = peak * r["threads"] / cores, bw * r["threads"] / cores
+            tf, tb = r["flops"] / rate, r["bytes"] / rbw
+            e = max(tf, tb) / max(r["seconds"] - over, 0.05 * r["seconds"])
+            say(f"{r['case']:22} {r['op']:24} {r['stage']:5d} {r['threads']:3d} {r['seconds'] * 1e3:9.3f} "
+                f"{r['flops'] / r['seconds'] / 1e9:8.2f} {r['bytes'] / r['seconds'] / 1e9:7.2f} "
+                f"{'flops' if tf >= tb else 'bytes':>6} {e:6.3f}")
+        say("")
+        cols = [(c, th) for c in comp["cases"] for th in comp["thread_counts"]]
+        say(f"{'efficiency (time-weighted over stages)':40} " + " ".join(f"{c + ' ' + str(th) + 't':>20}" for c, th in cols)
+            + f" {'written':>9}")
+        for op in OPS:
+            say(f"{op:40} " + " ".join(f"{eff_by[k][op]:20.3f}" for k in cols) + f" {eff[op]:9.3f}")
+
+    # 2. the link: ranks 0 and 1 alone (the others wait without spinning)
+    sizes = [8, 4096, 1 << 18, 1 << 20] if quick else [8, 64, 512, 4096, 1 << 15, 1 << 18, 1 << 20, 1 << 22]
+    pp_reps = 10 if quick else max(20, 4 * repeats)
+    say("")
+    if size >= 2:
+        say(f"[3/4] MPI ping-pong ranks 0 <-> 1 ({'same host' if hosts[0] == hosts[1] else 'two hosts'}), "
+            f"{len(sizes)} sizes ...")
+        pair = comm.Split(0 if rank < 2 else MPI.UNDEFINED, rank)
+        if rank < 2:
+            times = [pingpong(pair, n, pp_reps, 3) for n in sizes]
+            pair.Free()
+            comm.Ibarrier().Wait()
+        else:
+            _wait_idle(comm)
+        times = comm.bcast(times if rank == 0 else None, root=0)
+        what = f"MPI ping-pong ranks 0-1 ({'same host' if hosts[0] == hosts[1] else 'two hosts'})"
+    else:
+        say("[3/4] one rank: there is no link to measure; fitting an in-process copy instead (labelled in source)")
+        times = comm.bcast(copy_times(sizes, pp_reps) if rank == 0 else None, root=0)
+        what = "NOT MEASURED (1 rank): alpha/beta are an in-process numpy copy, not a network link"
+    alpha, beta = fit_link(sizes, times)
+    say(f"{'bytes':>9} {'measured us':>12} {'model us':>10} {'model/meas':>10} {'GB/s':>7}")
+    for n, t in zip(sizes, times):
+        m = alpha + beta * n
+        say(f"{n:9d} {t * 1e6:12.2f} {m * 1e6:10.2f} {m / t:10.2f} {n / t / 1e9:7.3f}")
+    link_rows = [{"bytes": n, "seconds": t, "model_s": alpha + beta * n} for n, t in zip(sizes, times)]
+    say(f"fit: alpha {alpha * 1e6:.2f} us, beta {beta * 1e9:.4f} ns/byte ({1 / beta / 1e9:.2f} GB/s)")
+
+    # 3. one real halo exchange against the model
+    say("")
+    exchanges = []
+    if size >= 2:
+        say("[4/4] halo exchanges on the grid of all ranks vs alpha * messages + beta * bytes (busiest rank):")
+        say(f"{'shape':>18} {'halo':>4} {'grid':>5} {'msgs':>4} {'KiB':>8} {'measured ms':>11} {'model ms':>9} "
+            f"{'meas/model':>10}")
+        n = 16 if quick else 96
+        for shape, h in [((64, 64, 3, n), 3), ((58, 58, 16, n), 1)]:
+            ex = halo_exchange(comm, shape, h, 5 if quick else max(10, 2 * repeats))
+            model = ex["messages"] * alpha + ex["bytes"] * beta
+            exchanges.append({**ex, "model_s": model})
+            say(f"{str(tuple(shape)):>18} {h:4d} {ex['grid'][0]}x{ex['grid'][1]:<3} {ex['messages']:4d} "
+                f"{ex['bytes'] / 1024:8.1f} {ex['seconds'] * 1e3:11.3f} {model * 1e3:9.3f} "
+                f"{ex['seconds'] / model if model else float('nan'):10.2f}")
+    else:
+        say("[4/4] one rank: no halo exchange to compare (it would be local copies only)")
+
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    args = f"--repeats {repeats}" + (" --quick" if quick else "")
+    cases = ", ".join(comp["cases"])
+    source = (f"cotsdl bench calibrate {args} (cotsdl {__version__}) on {size} rank(s), {stamp}, host "
+              f"{','.join(sorted(set(hosts)))}; peak_flops = numpy sgemm on {cores} core(s), memory_bandwidth = "
+              f"threaded copy (read+write); efficiencies = demo network passes ({cases}) on threads "
+              f"{comp['thread_counts']}, written: {comp['cases'][-1]}, geometric mean over the threads; link: {what}")
+    machine = {
+        "name": f"{host}-{cores}core" + ("-quick" if quick else ""),
+        "kind": "cpu",
+        "source": source,
+        "device": {"peak_flops": float(peak), "memory_bandwidth": float(bw), "memory_bytes": int(memory_bytes()),
+                   "cores": int(cores), "devices_per_node": 1},
+        "efficiency": {op: round(v, 4) for op, v in eff.items()},
+        "overhead_s": float(over),
+        "link": {"alpha_s": alpha, "beta_s_per_byte": beta},
+        # raw data (the planner ignores unknown top-level keys)
+        "calibration": {
+            "link_measured": what, "pingpong" if size >= 2 else "copy": link_rows, "halo_exchanges": exchanges,
+            "efficiency_written_from": f"case {comp['cases'][-1]}, geometric mean over threads "
+                                       f"{comp['thread_counts']}",
+            "efficiency_by_case": {f"{c} {th} thread(s)": {op: round(v, 4) for op, v in e.items()}
+                                   for (c, th), e in eff_by.items()},
+            "overhead_by_op_s": comp["tiny"], "bandwidth_1thread": comp["bandwidth_1thread"],
+            "passes": comp["rows"],
+        },
+    }
+    machine = comm.bcast(machine, root=0)
+    say("")
+    say(f"done in {time.perf_counter() - t_start:.1f} s")
+    return machine
