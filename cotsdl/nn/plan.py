@@ -16,7 +16,7 @@ operation (:meth:`NetworkPlan.adjoint`), the decoder of an autoencoder.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from .. import backend
@@ -193,41 +193,60 @@ class NetworkPlan:
                                          Context(lp.in_shape, inp, out, self._allreduce, w))
         y[out.slices_in(lp.out)] = part
 
-    def backward(self, dy: DistArray, tape: Tape, params: dict[int, np.ndarray], *,
-                 input_grad: bool = True) -> tuple[DistArray | None, dict[int, np.ndarray]]:
+    def backward(self, dy: DistArray, tape: Tape, params: dict[int, np.ndarray], *, input_grad: bool = True,
+                 meanwhile: Callable[[], Any] | None = None) -> tuple[DistArray | None, dict[int, np.ndarray]]:
         """Gradients w.r.t. the tape's input (owned layout) and the weights, from dy on the owned output.
 
         ``input_grad=False`` stops at the weights of the tape's first layer (no input gradient
-        is computed or exchanged; None is returned for it).
+        is computed or exchanged; None is returned for it).  ``meanwhile`` (other work that
+        does not touch these arrays) runs while the last input gradient travels, with overlap.
         """
         grads: dict[int, np.ndarray] = {}
         cur = dy
         for i in reversed(tape.layers):
             lp, k = self.layers[i], i - tape.first
             need = input_grad or i > tape.first
+            extra = meanwhile if i == tape.first else None
             ctx = self.context(lp, params)
-            if self.overlap and need and lp.layer.kind == "filter":
+            if need and lp.layer.kind == "filter":
                 # the weight gradient is computed while the input gradient travels to its owners
                 owners, pending = self._start_sum_window(lp, lp.layer.adjoint_local(cur.data, ctx))
+                if not self.overlap:
+                    pending.wait()
                 grads[i] = lp.layer.weight_grad_local(tape.inputs[k], cur.data, ctx)
-                pending.wait()
-                cur = owners
+                cur = self._join(pending, extra, owners)
                 continue
             dx, dw = lp.layer.backward_local(cur.data, tape.inputs[k], tape.outputs[k], tape.caches[k], ctx,
                                              input_grad=need)
             if dw is not None:
                 grads[i] = dw
-            cur = self._sum_window(lp, dx) if need else None
+            if need:
+                owners, pending = self._start_sum_window(lp, dx)
+                cur = self._join(pending, extra, owners)
+            else:
+                cur = self._join(None, extra, None)
         return cur, grads
 
-    def adjoint(self, index: int, h: DistArray, w: Any) -> DistArray:
+    def _join(self, pending: Any, extra: Callable[[], Any] | None, result: Any) -> Any:
+        """Wait for ``pending`` and run ``extra``: ``extra`` first (while messages travel) with overlap."""
+        if self.overlap and extra is not None:
+            extra()
+            extra = None
+        if pending is not None:
+            pending.wait()
+        if extra is not None:
+            extra()
+        return result
+
+    def adjoint(self, index: int, h: DistArray, w: Any, meanwhile: Callable[[], Any] | None = None) -> DistArray:
         """F_w^T h for filter layer ``index``: its adjoint (backward-data) applied to ``h`` (owned
         output layout) with weights ``w``, summed into the owned layout of the layer's input.
-        The decoder of a tied-weight autoencoder."""
+        The decoder of a tied-weight autoencoder.  ``meanwhile`` runs while the sums travel."""
         lp = self.layers[index]
         if lp.layer.kind != "filter":
             raise ValueError(f"layer {index} is a {lp.layer.kind} layer; only filters have an adjoint here")
-        return self._sum_window(lp, lp.layer.adjoint_local(h.data, self.context(lp, {index: w})))
+        owners, pending = self._start_sum_window(lp, lp.layer.adjoint_local(h.data, self.context(lp, {index: w})))
+        return self._join(pending, meanwhile, owners)
 
     def describe(self) -> str:
         """A table of every layer: shapes, this rank's boxes, FLOPs and halo bytes."""

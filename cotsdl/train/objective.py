@@ -64,9 +64,14 @@ class StageObjective:
         N = plan.batch
         dec = w if w_dec is None else w_dec
         h, enc = plan.forward(x, {f: w}, start=f, upto=p)  # h = F_w(x)
-        xh = plan.adjoint(f, h, dec)  # x_hat = F_{w'}^T(h)
+        pool: dict[str, Any] = {}
+
+        def pool_forward() -> None:  # p = P(h), while the decoder's sums travel
+            pool["p"], pool["tape"] = plan.forward(h, {}, start=p, upto=p + 1)
+
+        xh = plan.adjoint(f, h, dec, meanwhile=pool_forward)  # x_hat = F_{w'}^T(h)
+        pooled, pool_tape = pool["p"], pool["tape"]
         r = xh.data - x.owned_data
-        pooled, pool_tape = plan.forward(h, {}, start=p, upto=p + 1)  # p = P(h)
         rec, spa = sum_values(plan.grid.comm, [(r * r).sum(), pooled.data.sum()])
         parts = LossParts((rec + self.lam * spa) / N, rec / N, self.lam * spa / N)
         # backward
@@ -74,10 +79,14 @@ class StageObjective:
         dh, dec_tape = plan.forward(dxh, {f: dec}, start=f, upto=p)  # F_{w'}(dx_hat), the decoder's transpose
         dp = DistArray(x.comm, pooled.shape, pooled.window, pooled.owned, data=xp.full(pooled.data.shape,
                                                                                          dt.type(self.lam / N), dt))
-        dh_sparsity, _ = plan.backward(dp, pool_tape, {})  # P^T(lam / N)
+        dec_grads: dict[int, Any] = {}
+
+        def decoder_grad() -> None:  # dW_F(dx_hat, h), while the sparsity gradient travels
+            dec_grads.update(plan.backward(h, dec_tape, {f: dec}, input_grad=False)[1])
+
+        dh_sparsity, _ = plan.backward(dp, pool_tape, {}, meanwhile=decoder_grad)  # P^T(lam / N)
         dh.data += dh_sparsity.data
         _, enc_grads = plan.backward(dh, enc, {f: w}, input_grad=False)  # dW_F(x, dh)
-        _, dec_grads = plan.backward(h, dec_tape, {f: dec}, input_grad=False)  # dW_F(dx_hat, h)
         if w_dec is None:
             return parts, enc_grads[f] + dec_grads[f]
         return parts, enc_grads[f], dec_grads[f]

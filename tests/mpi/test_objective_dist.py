@@ -48,3 +48,23 @@ def test_stage_objective_equals_serial(comm, dims, stage, tied):
             ok = ok and np.abs(got - want).max() <= 1e-12 * np.abs(want).max()
     grid.free()
     assert agree(comm, ok)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("dims", grids())
+def test_objective_overlap_changes_no_bit(comm, dims, tied):
+    net = network()
+    out = {}
+    for overlap in (True, False):
+        grid = ProcessGrid(comm, dims)
+        plan = NetworkPlan(net, grid, BATCH, np.float32, overlap=overlap)
+        f = plan.layers[net.layer_index(1, "filter")]
+        xg = np.random.default_rng(3).standard_normal(f.in_shape).astype(np.float32)
+        x = DistArray(grid.comm, f.in_shape, f.src_owned, f.src_owned,
+                      data=xg[f.src_owned.slices_in(DistArray(grid.comm, f.in_shape, f.src_owned).global_box)].copy())
+        w = plan.init_params(seed=2)[f.index]
+        res = StageObjective(plan, 1, 0.3).value_and_grad(x, w, None if tied else w * 0.5)
+        out[overlap] = (res[0].total, res[0].reconstruction, *[np.asarray(g).copy() for g in res[1:]])
+        grid.free()
+    ok = out[True][:2] == out[False][:2] and all(np.array_equal(a, b) for a, b in zip(out[True][2:], out[False][2:]))
+    assert agree(comm, ok)
