@@ -1,15 +1,253 @@
-"""``cotsdl plan CONFIG``: the run planner (per-rank memory, FLOPs, halo traffic, predicted step time)."""
+"""``cotsdl plan CONFIG``: the run planner (per-rank memory, FLOPs, halo traffic, predicted step time).
+
+No MPI, no GPU: the layout of every rank is index arithmetic.  One config: a table per
+layer and per stage for P ranks on a grid, the memory check (exit 2 when a plan does not
+fit), and the best (replicas, grid) split of P ranks.  ``--table``: the predicted
+scaling table of several configs x rank counts x machines (the paper's study on paper).
+"""
 from __future__ import annotations
 
 import argparse
+import json
+from typing import Any
+
+from . import config as cfgmod
+
+PAPER = ("The paper (Coates et al. 2013; seed 000): 4 GTX 680 per machine, FDR InfiniBand (56 Gb/s), MVAPICH2; "
+         "block-local kernels exceed 1 TFLOP/s per GPU; 1B parameters on 3 machines (12 GPUs) in a couple of "
+         "days; 11.2B parameters on 16 machines (64 GPUs).")
 
 
 def add_parser(sub) -> None:
-    sp = sub.add_parser("plan", help="per-rank memory, FLOPs, halo bytes and predicted step time (not implemented yet)",
-                        description="cotsdl plan: per-rank memory, FLOPs, halo bytes and predicted step time. "
-                                    "Not implemented in this version; it exits with status 2.")
-    sp.add_argument("args", nargs="*", help="reserved")
+    sp = sub.add_parser("plan", help="per-rank memory, FLOPs, halo bytes and predicted step time of a config",
+                        description="Plan a training run without running it: per layer the output shape, parameters "
+                                    "(total and per rank), FLOPs per step, memory per rank (weights, optimizer, "
+                                    "activations), halo bytes and messages, and the predicted step time on a machine; "
+                                    "the best (replicas, grid) split of the ranks. Exit 2 when the plan does not fit "
+                                    "in device memory. With --table: the predicted scaling table of several configs, "
+                                    "e.g. cotsdl plan --table jobs/configs/paper-*.toml --ranks 4 9 16 36 64 "
+                                    "--machine gtx680-fdr h100-ndr")
+    sp.add_argument("config", nargs="+", help="training config(s) (TOML); several only with --table")
+    sp.add_argument("--ranks", type=int, nargs="+", metavar="P", help="ranks in all (default: the grid's x replicas, or 1)")
+    sp.add_argument("--grid", type=int, nargs=2, metavar=("PY", "PX"), help="model grid (default: the config's, or "
+                                                                            "chosen as training would)")
+    sp.add_argument("--replicas", type=int, help="data-parallel replicas (default: the config's)")
+    sp.add_argument("--machine", nargs="+", metavar="FILE|PRESET", help="machine description(s): gtx680-fdr, v100-ndr, "
+                    "a100-ndr, h100-ndr, this (./machine.json from `cotsdl bench calibrate`) or a JSON file "
+                    "(default: this if ./machine.json exists, else gtx680-fdr)")
+    sp.add_argument("--stage", type=int, help="only this stage (default: every stage)")
+    sp.add_argument("--ranks-per-node", type=int, help="ranks per node (default: one per GPU, or per core)")
+    sp.add_argument("--overlap", choices=["on", "off"], help="halo/compute overlap (default: the config's, else off)")
+    sp.add_argument("--table", action="store_true", help="the scaling table of every config x --ranks x --machine")
+    sp.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config key")
+    sp.add_argument("--json", metavar="FILE", help="write everything as JSON")
+
+
+def _machines(args) -> list[dict[str, Any]]:
+    import os  # noqa: PLC0415
+
+    from ..planner import load_machine  # noqa: PLC0415
+    from ..planner.machine import THIS_FILE  # noqa: PLC0415
+
+    names = args.machine or (["this"] if os.path.isfile(THIS_FILE) else ["gtx680-fdr"])
+    return [load_machine(n) for n in names]
+
+
+def _load(path: str, overrides: list[str]):
+    from ..nn.network import Network  # noqa: PLC0415
+    from ..planner.model import optimizer_slots  # noqa: PLC0415
+
+    cfg = cfgmod.load(path, overrides)
+    try:
+        net = Network.from_description(cfg["network"])
+    except ValueError as e:
+        raise ValueError(f"{path}: network: {e}") from None
+    return cfg, net, optimizer_slots(cfg["train"]["optimizer"])
+
+
+def _check_args(args) -> None:
+    from ..bench.common import check_output_path  # noqa: PLC0415
+
+    for name in ("ranks", "replicas", "ranks_per_node"):
+        v = getattr(args, name)
+        for x in (v if isinstance(v, list) else [v] if v is not None else []):
+            if x < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {x}")
+    if args.grid and min(args.grid) < 1:
+        raise ValueError(f"--grid must be two integers >= 1, got {args.grid[0]} {args.grid[1]}")
+    if not args.table and (len(args.config) > 1 or (args.ranks and len(args.ranks) > 1)
+                           or (args.machine and len(args.machine) > 1)):
+        raise ValueError("several configs, --ranks or --machine values need --table")
+    if args.stage is not None and args.stage < 0:
+        raise ValueError(f"--stage must be >= 0, got {args.stage}")
+    err = check_output_path(args.json)
+    if err:
+        raise ValueError(err)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise ValueError("'cotsdl plan' is not implemented in this version")
+    _check_args(args)
+    machines = _machines(args)
+    out = _table(args, machines) if args.table else _single(args, machines[0])
+    if args.json:
+        from ..io.atomic import write_atomic  # noqa: PLC0415
+
+        write_atomic(args.json, json.dumps(out, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    if not args.table and out["error"]:
+        raise ValueError(f"{args.config[0]}: {out['error']}")
+    return 0
+
+
+def _layout(args, cfg) -> tuple[int, int, tuple[int, int] | None]:
+    """(ranks, replicas, grid or None) from the options and the config."""
+    reps = args.replicas or cfg["parallel"]["replicas"]
+    grid = tuple(args.grid) if args.grid else (tuple(cfg["parallel"]["grid"]) if cfg["parallel"]["grid"] != "auto"
+                                               else None)
+    ranks = args.ranks[0] if args.ranks else (grid[0] * grid[1] * reps if grid else reps)
+    if ranks % reps:
+        raise ValueError(f"--ranks {ranks} is not a multiple of the replicas {reps}")
+    if grid and grid[0] * grid[1] * reps != ranks:
+        raise ValueError(f"grid {grid[0]}x{grid[1]} x {reps} replica(s) is {grid[0] * grid[1] * reps} ranks, "
+                         f"not --ranks {ranks}")
+    return ranks, reps, grid
+
+
+def _stages(args, net) -> list[int]:
+    if args.stage is None:
+        return list(range(len(net.stages)))
+    if args.stage >= len(net.stages):
+        raise ValueError(f"--stage {args.stage}: the network has {len(net.stages)} stage(s)")
+    return [args.stage]
+
+
+def _overlap(args, cfg) -> bool:
+    return args.overlap == "on" if args.overlap else bool(cfg["parallel"].get("overlap", False))
+
+
+def _mib(b: float) -> str:
+    return f"{b / 2**20:,.1f}"
+
+
+def _single(args, machine) -> dict[str, Any]:
+    from ..planner import fit_error, predict_step, suggest  # noqa: PLC0415
+
+    path = args.config[0]
+    cfg, net, slots = _load(path, args.set)
+    ranks, reps, grid = _layout(args, cfg)
+    batch, tied, dtype = cfg["data"]["batch"], cfg["train"]["tied"], cfg["train"]["dtype"]
+    kw = dict(dtype=dtype, optimizer_slots=slots, ranks_per_node=args.ranks_per_node, tied=tied,
+              overlap=_overlap(args, cfg))
+    stages = _stages(args, net)
+    preds = [predict_step(net, batch, ranks, grid, reps, machine, stage=k, **kw) for k in stages]
+    p0 = preds[0]
+    print(f"plan: {path}: {net!r}")
+    print(f"  {ranks} rank(s) = {reps} replica(s) x grid {p0['grid'][0]}x{p0['grid'][1]}; batch {batch} per replica; "
+          f"{dtype}; {'tied' if tied else 'untied'} weights; optimizer {cfg['train']['optimizer']['kind']} "
+          f"({slots} slot(s)); {p0['ranks_per_node']} rank(s) per node; overlap {'on' if p0['overlap'] else 'off'}")
+    print(f"  machine {machine['name']} ({machine['kind']}): {machine['source']}")
+    print(f"\n  {'layer':<9}{'out shape (H,W,C)':>20}{'params':>15}{'params/rank':>14}{'weights MiB/rank':>18}")
+    for lay in p0["layers"]:
+        print(f"  {lay['index']:>2} {lay['kind'] + str(lay['stage']):<6}{str(tuple(lay['out_shape'][:3])):>20}"
+              f"{lay['params']:>15,}{lay['params_per_rank_max']:>14,}"
+              f"{_mib(lay['memory_worst_rank']['weights']):>18}")
+    print(f"  {'total':<29}{sum(l['params'] for l in p0['layers']):>15,}")
+    for p in preds:
+        print(f"\n  training step of stage {p['stage']} (per rank, the busiest; memory of rank {p['memory_rank']}):")
+        print(f"  {'layer':<9}{'GFLOP':>10}{'act MiB':>10}{'opt MiB':>10}{'buf MiB':>9}{'halo MiB':>10}{'msgs':>6}"
+              f"{'compute ms':>12}{'exchange ms':>13}")
+        for lay in p["layers"]:
+            m = lay["memory_worst_rank"]
+            if lay["seconds"] == 0 and not m["activations"]:
+                continue
+            print(f"  {lay['index']:>2} {lay['kind'] + str(lay['stage']):<6}{lay['flops_per_rank_max'] / 1e9:>10.3f}"
+                  f"{_mib(m['activations']):>10}{_mib(m['optimizer']):>10}{_mib(m['buffers']):>9}"
+                  f"{lay['halo_bytes_per_rank_max'] / 2**20:>10.2f}{lay['halo_messages_per_rank_max']:>6}"
+                  f"{lay['compute_s'] * 1e3:>12.2f}{lay['exchange_s'] * 1e3:>13.2f}")
+        mem = p["memory"]
+        print(f"  step {p['seconds'] * 1e3:.1f} ms = compute {p['compute_s'] * 1e3:.1f} + exchange "
+              f"{p['exchange_s'] * 1e3:.1f} + allreduce {p['reduce_s'] * 1e3:.1f}; {p['images_per_s']:.1f} images/s; "
+              f"{p['flops_per_rank_max'] / 1e9:.2f} GFLOP and {p['halo_bytes_per_rank_max'] / 2**20:.2f} MiB of halo "
+              f"per rank")
+        print(f"  memory {mem['total'] / 2**30:.3f} GiB of {p['device_memory_bytes'] / 2**30:.2f} GiB per rank "
+              f"(weights {mem['weights'] / 2**30:.3f}, gradients {mem['gradients'] / 2**30:.3f}, optimizer "
+              f"{mem['optimizer'] / 2**30:.3f}, activations {mem['activations'] / 2**30:.3f}, buffers "
+              f"{mem['buffers'] / 2**30:.3f})" + ("" if p["fits"] else "  DOES NOT FIT"))
+    sugg = suggest(net, batch, ranks, machine, replicas=args.replicas, stages=stages, **kw)
+    print(f"\n  splits of {ranks} rank(s), best first (time of one step of each stage, summed):")
+    for c in sugg[:6]:
+        print(f"    {c['replicas']:>3} replica(s) x grid {c['grid'][0]}x{c['grid'][1]}: {c['seconds'] * 1e3:9.1f} ms, "
+              f"{c['images_per_s']:8.1f} images/s, {c['memory_bytes'] / 2**30:.2f} GiB"
+              + ("" if c["fits"] else "  (does not fit)"))
+    best = sugg[0]
+    print(f"  suggested: {best['replicas']} replica(s) x grid {best['grid'][0]}x{best['grid'][1]}"
+          + ("" if best["fits"] else " (nothing fits)"))
+    error = next((e for e in (fit_error(net, p) for p in preds) if e), None)
+    return {"config": path, "machine": machine, "predictions": preds, "suggestions": sugg, "error": error}
+
+
+def _table(args, machines) -> dict[str, Any]:
+    from ..planner import suggest  # noqa: PLC0415
+
+    ranks_list = args.ranks or [1]
+    rows = []
+    hdr = f"{'config':<22}{'params':>8}{'GPUs':>6}" + "".join(
+        f"  | {m['name'][:12]:<12}{'grid':>6}{'s/step':>9}{'GiB/GPU':>9}{'halo %':>8}      " for m in machines)
+    print("predicted time of one training step of each stage (summed), memory per rank (largest stage), "
+          "share of the step spent in halo exchange; the best model grid of the GPUs, 1 replica unless --replicas")
+    print(hdr)
+    loaded = [(path,) + _load(path, args.set) for path in args.config]
+    loaded.sort(key=lambda t: sum(lay.params for lay in _counts(t[2])))  # smallest network first
+    for path, cfg, net, slots in loaded:
+        batch, tied, dtype = cfg["data"]["batch"], cfg["train"]["tied"], cfg["train"]["dtype"]
+        params = sum(lay.params for lay in _counts(net))
+        for ranks in ranks_list:
+            line = f"{path.rsplit('/', 1)[-1].removesuffix('.toml'):<22}{_short(params):>8}{ranks:>6}"
+            for m in machines:
+                kw = dict(dtype=dtype, optimizer_slots=slots, ranks_per_node=args.ranks_per_node, tied=tied,
+                          overlap=_overlap(args, cfg))
+                reps = args.replicas or 1
+                if ranks % reps:
+                    raise ValueError(f"--ranks {ranks} is not a multiple of --replicas {reps}")
+                best = suggest(net, batch, ranks, m, replicas=reps, stages=_stages(args, net), **kw)[0]
+                row = _table_row(net, batch, ranks, best, m, args, kw)
+                row.update(config=path, params=params)
+                rows.append(row)
+                line += (f"  | {'':<12}{'%dx%d' % tuple(best['grid']):>6}{row['seconds']:>9.3f}"
+                         f"{row['memory_bytes'] / 2**30:>9.2f}{100 * row['halo_share']:>7.1f}%"
+                         + ("" if row["fits"] else " NOFIT").ljust(6))
+            print(line + _paper_note(params, ranks))
+    print("NOFIT: does not fit in device memory.  GPU efficiencies are assumptions (nothing has run on a GPU yet).")
+    print(PAPER)
+    return {"rows": rows, "paper": PAPER, "machines": machines}
+
+
+def _counts(net):
+    from ..planner.model import layer_counts  # noqa: PLC0415
+
+    return layer_counts(net, 1, (1, 1))
+
+
+def _table_row(net, batch, ranks, best, machine, args, kw) -> dict[str, Any]:
+    from ..planner import predict_step  # noqa: PLC0415
+
+    preds = [predict_step(net, batch, ranks, best["grid"], best["replicas"], machine, stage=k, **kw)
+             for k in _stages(args, net)]
+    secs = sum(p["seconds"] for p in preds)
+    return {"ranks": ranks, "machine": machine["name"], "grid": best["grid"], "replicas": best["replicas"],
+            "seconds": secs, "stage_seconds": [p["seconds"] for p in preds],
+            "halo_share": sum(p["exchange_s"] for p in preds) / secs,
+            "memory_bytes": max(p["memory_bytes"] for p in preds), "fits": all(p["fits"] for p in preds)}
+
+
+def _paper_note(params: int, ranks: int) -> str:
+    """What the paper states for this size and GPU count (only two pairs are stated)."""
+    if ranks == 12 and 0.8e9 <= params <= 1.5e9:
+        return "  paper: ~1B on 12 GPUs (3 machines), trained in a couple of days"
+    if ranks == 64 and params >= 10e9:
+        return "  paper: 11.2B on 64 GPUs (16 machines)"
+    return ""
+
+
+def _short(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"

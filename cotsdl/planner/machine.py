@@ -1,0 +1,189 @@
+"""Machine descriptions for the run planner: the format, the presets, the loader, the op-time model.
+
+A machine is plain JSON (``cotsdl bench calibrate`` writes one for the machine it runs on)::
+
+    {"name": str, "kind": "cpu" | "gpu", "source": str,
+     "device": {"peak_flops": FLOP/s of one device (gpu) or of the whole node (cpu),
+                "memory_bandwidth": bytes/s (same scope as peak_flops),
+                "memory_bytes": bytes per device (gpu) or per node (cpu),
+                "cores": int (cores per node), "devices_per_node": int},
+     "efficiency": {"filter_forward": f, "filter_backward_data": f, "filter_backward_weights": f,
+                    "pool_forward": f, "pool_backward": f, "lcn_forward": f, "lcn_backward": f,
+                    "elementwise": f},
+     "overhead_s": seconds per operation call (kernel launch, Python),
+     "link": {"alpha_s": seconds per message, "beta_s_per_byte": seconds per byte}}
+
+The time of one operation on one rank (:func:`op_seconds`) is the roofline divided by
+the efficiency of that kind of operation, plus a fixed overhead::
+
+    t = max(flops / rate, bytes / bandwidth) / efficiency + overhead_s
+
+``rate`` and ``bandwidth`` are the rank's share (:func:`rank_share`): a GPU rank has
+its device (or a fraction of it when more ranks than devices share a node); a CPU rank
+has ``cores / ranks_per_node`` of the node's cores, hence that fraction of its peak
+and of its memory bandwidth.  An efficiency is thus the fraction of the roofline an
+operation reaches, which is what a calibration measures (roofline time / measured time).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+EFFICIENCY_KEYS = ("filter_forward", "filter_backward_data", "filter_backward_weights", "pool_forward",
+                   "pool_backward", "lcn_forward", "lcn_backward", "elementwise")
+DEVICE_KEYS = ("peak_flops", "memory_bandwidth", "memory_bytes", "cores", "devices_per_node")
+TOP_KEYS = ("name", "kind", "source", "device", "efficiency", "overhead_s", "link")
+LINK_KEYS = ("alpha_s", "beta_s_per_byte")
+
+# GPU efficiencies are ASSUMPTIONS: no cotsdl kernel has been timed on a GPU yet.  The filter
+# value follows the paper's slides (seed 000: block-local kernels "exceed 1 TFLOP" on a
+# 3.09 TFLOP/s GTX 680, i.e. about a third of peak); pooling, LCN and elementwise passes are
+# memory-bound and assumed to reach 60% of the memory roofline.
+_GPU_EFF = {"filter_forward": 0.33, "filter_backward_data": 0.3, "filter_backward_weights": 0.3,
+            "pool_forward": 0.6, "pool_backward": 0.6, "lcn_forward": 0.5, "lcn_backward": 0.5, "elementwise": 0.6}
+_GPU_NOTE = "efficiencies ASSUMED (nothing has run on a GPU yet; filter ~1/3 of peak as the paper's kernels)"
+
+
+def _gpu(name: str, source: str, flops: float, bw: float, mem: float, per_node: int, cores: int,
+         alpha: float, link_bytes_per_s: float, overhead: float = 10e-6) -> dict[str, Any]:
+    return {"name": name, "kind": "gpu", "source": f"{source}; {_GPU_NOTE}",
+            "device": {"peak_flops": flops, "memory_bandwidth": bw, "memory_bytes": mem, "cores": cores,
+                       "devices_per_node": per_node},
+            "efficiency": dict(_GPU_EFF), "overhead_s": overhead,
+            "link": {"alpha_s": alpha, "beta_s_per_byte": 1.0 / link_bytes_per_s}}
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # The paper's cluster (Coates et al. 2013, seed 000): 4 GTX 680 per server, FDR InfiniBand
+    # (56 Gb/s), MVAPICH2.  GTX 680 (NVIDIA spec): 1536 cores x 1006 MHz x 2 = 3.09 TFLOP/s fp32,
+    # 192.2 GB/s; the paper's cards had 4 GB.  FDR 4x: 54.5 Gb/s of data = 6.8 GB/s; 10 us per
+    # message assumed for MPI through host memory (2013 GPUs: no GPUDirect RDMA on GeForce).
+    "gtx680-fdr": _gpu("gtx680-fdr", "GTX 680 spec sheet (3.09 TFLOP/s, 192 GB/s, 4 GB as in the paper), "
+                       "FDR InfiniBand 56 Gb/s, 4 GPUs per node (paper)", 3.09e12, 192.2e9, 4 * 2**30, 4, 16,
+                       10e-6, 6.8e9),
+    # V100 SXM2 32 GB (NVIDIA datasheet): 15.7 TFLOP/s fp32, 900 GB/s.  NDR InfiniBand 400 Gb/s
+    # = 50 GB/s per GPU (one adapter per GPU as in DGX systems); 3 us per message assumed.
+    "v100-ndr": _gpu("v100-ndr", "V100 SXM2 datasheet (15.7 TFLOP/s fp32, 900 GB/s, 32 GB), NDR 400 Gb/s, "
+                     "8 GPUs per node", 15.7e12, 900e9, 32 * 2**30, 8, 40, 3e-6, 50e9),
+    # A100 SXM4 80 GB (NVIDIA datasheet): 19.5 TFLOP/s fp32 (non-tensor), 2039 GB/s.
+    "a100-ndr": _gpu("a100-ndr", "A100 SXM4 80GB datasheet (19.5 TFLOP/s fp32, 2039 GB/s, 80 GB), NDR 400 Gb/s, "
+                     "8 GPUs per node", 19.5e12, 2039e9, 80 * 2**30, 8, 64, 3e-6, 50e9),
+    # H100 SXM5 80 GB (NVIDIA datasheet): 67 TFLOP/s fp32 (non-tensor), 3.35 TB/s.
+    "h100-ndr": _gpu("h100-ndr", "H100 SXM5 80GB datasheet (67 TFLOP/s fp32, 3.35 TB/s, 80 GB), NDR 400 Gb/s, "
+                     "8 GPUs per node", 67e12, 3.35e12, 80 * 2**30, 8, 112, 3e-6, 50e9),
+}
+#: ``this``: the calibration file of this machine (``cotsdl bench calibrate --json machine.json``).
+THIS_FILE = "machine.json"
+
+
+class MachineError(ValueError):
+    """A machine description that cannot be used; names the file (or preset) and the key."""
+
+
+def _positive(src: str, path: str, v: Any, integer: bool = False, upto: float | None = None) -> None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    if ok and integer:
+        ok = isinstance(v, int) or float(v).is_integer()
+    if ok and upto is not None:
+        ok = v <= upto
+    if not ok:
+        what = "a positive integer" if integer else ("a number in (0, 1]" if upto == 1 else "a positive number")
+        raise MachineError(f"machine {src}: {path} = {v!r}: must be {what}")
+
+
+def validate_machine(data: Any, source: str = "description") -> dict[str, Any]:
+    """A checked copy of a machine description, or :class:`MachineError` naming ``source`` and the key."""
+    if not isinstance(data, dict):
+        raise MachineError(f"machine {source}: must be a JSON object with keys {', '.join(TOP_KEYS)}")
+    for group, keys, where in ((data, TOP_KEYS, ""), (data.get("device"), DEVICE_KEYS, "device."),
+                               (data.get("efficiency"), EFFICIENCY_KEYS, "efficiency."),
+                               (data.get("link"), LINK_KEYS, "link.")):
+        if not isinstance(group, dict):
+            raise MachineError(f"machine {source}: {where.rstrip('.')} must be an object with keys {', '.join(keys)}")
+        for k in keys:
+            if k not in group:
+                raise MachineError(f"machine {source}: missing key {where}{k}")
+        extra = sorted(set(group) - set(keys))
+        if extra and where:  # unknown keys at the top level are allowed (calibration notes, raw data)
+            raise MachineError(f"machine {source}: unknown key {where}{extra[0]} (allowed: {', '.join(keys)})")
+    if data["kind"] not in ("cpu", "gpu"):
+        raise MachineError(f"machine {source}: kind = {data['kind']!r}: must be \"cpu\" or \"gpu\"")
+    for k in ("name", "source"):
+        if not isinstance(data[k], str) or not data[k]:
+            raise MachineError(f"machine {source}: {k} = {data[k]!r}: must be a non-empty string")
+    dev = data["device"]
+    for k in ("peak_flops", "memory_bandwidth", "memory_bytes"):
+        _positive(source, f"device.{k}", dev[k])
+    for k in ("cores", "devices_per_node"):
+        _positive(source, f"device.{k}", dev[k], integer=True)
+    for k in EFFICIENCY_KEYS:
+        _positive(source, f"efficiency.{k}", data["efficiency"][k], upto=1)
+    ov = data["overhead_s"]
+    if not (isinstance(ov, (int, float)) and not isinstance(ov, bool) and math.isfinite(ov) and ov >= 0):
+        raise MachineError(f"machine {source}: overhead_s = {ov!r}: must be a number >= 0")
+    _positive(source, "link.alpha_s", data["link"]["alpha_s"])
+    _positive(source, "link.beta_s_per_byte", data["link"]["beta_s_per_byte"])
+    out = json.loads(json.dumps(data))  # a deep copy: presets stay untouched
+    out["device"]["cores"] = int(dev["cores"])
+    out["device"]["devices_per_node"] = int(dev["devices_per_node"])
+    return out
+
+
+def load_machine(name_or_path: str | Path | dict) -> dict[str, Any]:
+    """A validated machine: a preset name (``gtx680-fdr``, ``v100-ndr``, ``a100-ndr``, ``h100-ndr``),
+    ``this`` (``./machine.json``), a JSON file path, or a description dict."""
+    if isinstance(name_or_path, dict):
+        return validate_machine(name_or_path)
+    name = str(name_or_path)
+    if name in PRESETS:
+        return validate_machine(PRESETS[name], f"preset {name}")
+    path = Path(THIS_FILE if name == "this" else name)
+    if not path.is_file():
+        what = (f"'this' means {THIS_FILE} in the current folder (write it with "
+                f"`mpiexec -n 2 cotsdl bench calibrate --json {THIS_FILE}`), and there is none") if name == "this" \
+            else f"no preset or file named {name!r}"
+        raise MachineError(f"machine {name}: {what}; presets: {', '.join(PRESETS)}, this, or a JSON file")
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise MachineError(f"machine {path}: {e.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise MachineError(f"machine {path}: not valid JSON: {e}") from None
+    return validate_machine(data, str(path))
+
+
+def default_ranks_per_node(machine: dict[str, Any], ranks: int) -> int:
+    """Ranks on one node when not told: one per GPU, or one per core on a CPU node (at most ``ranks``)."""
+    dev = machine["device"]
+    return max(1, min(int(ranks), dev["devices_per_node"] if machine["kind"] == "gpu" else dev["cores"]))
+
+
+def rank_share(machine: dict[str, Any], ranks_per_node: int) -> dict[str, float]:
+    """The FLOP rate, memory bandwidth and memory (bytes) of one rank."""
+    dev = machine["device"]
+    rpn = max(1, int(ranks_per_node))
+    if machine["kind"] == "gpu":
+        # ranks beyond the node's devices share one (time-sliced); fewer ranks use one device each
+        f = min(1.0, dev["devices_per_node"] / rpn)
+    else:
+        f = min(dev["cores"], dev["cores"] / rpn) / dev["cores"]  # a rank's core share
+    # device memory: a GPU's own (shared when ranks share it), a CPU node's split over its ranks
+    mem = dev["memory_bytes"] * (f if machine["kind"] == "gpu" else 1.0 / rpn)
+    return {"flops": dev["peak_flops"] * f, "bandwidth": dev["memory_bandwidth"] * f, "memory": mem}
+
+
+def op_seconds(machine: dict[str, Any], share: dict[str, float], op: str, flops: float, nbytes: float,
+               calls: int = 1) -> float:
+    """``max(flops / rate, bytes / bandwidth) / efficiency[op] + calls * overhead_s`` (0 for no work)."""
+    if flops <= 0 and nbytes <= 0:
+        return 0.0
+    roof = max(flops / share["flops"], nbytes / share["bandwidth"])
+    return roof / machine["efficiency"][op] + calls * machine["overhead_s"]
+
+
+def message_seconds(machine: dict[str, Any], messages: float, nbytes: float) -> float:
+    """``messages * alpha + bytes * beta`` on the link."""
+    link = machine["link"]
+    return messages * link["alpha_s"] + nbytes * link["beta_s_per_byte"]

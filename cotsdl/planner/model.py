@@ -1,0 +1,222 @@
+"""What one training step does on every rank: per-layer counts, the step's operations, memory.
+
+Pure arithmetic on the network's layout (:func:`cotsdl.nn.layout.layout`, evaluated for
+every rank of the grid) and the exchange messages (:func:`cotsdl.array.messages.transfers`);
+the FLOP and byte counts of each pass are the layers' own (``layer.cost``, from
+:mod:`cotsdl.ops.costs`).  No MPI, no arrays.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..array.messages import transfers
+from ..array.partition import grid_coords
+from ..nn.layout import layout
+from ..nn.network import Network
+
+#: Optimizer state slots per weight, by config ``train.optimizer.kind`` (the ``slots`` of the
+#: classes in cotsdl/train/optim.py, which imports MPI; a test checks the two agree).
+OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "nesterov": 1, "adagrad": 1, "rmsprop": 1, "adam": 2, "lars": 1,
+                   "lamb": 2}
+
+
+def optimizer_slots(opt: dict[str, Any]) -> int:
+    """Slots of a resolved ``train.optimizer`` config table (plain SGD without momentum: 0)."""
+    if opt["kind"] == "sgd":
+        return 1 if opt.get("momentum") else 0
+    return OPTIMIZER_SLOTS[opt["kind"]]
+
+
+@dataclass
+class LayerCounts:
+    """One layer on every rank of the grid (arrays are per rank, in Cartesian rank order)."""
+
+    index: int
+    stage: int
+    kind: str
+    layer: Any
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    params: int  # the whole layer's weights (0 without weights)
+    params_rank: np.ndarray
+    passes: dict[str, tuple[np.ndarray, np.ndarray]]  # pass -> (FLOPs, bytes) of the local computation
+    src_elems: np.ndarray  # owned elements of the input
+    window_elems: np.ndarray
+    out_elems: np.ndarray
+    sent: np.ndarray  # bytes of one (forward) exchange into the window; the adjoint swaps sent/received
+    received: np.ndarray
+    local: np.ndarray  # bytes copied from the rank's own block into its window
+    msgs_sent: np.ndarray
+    msgs_received: np.ndarray
+    name: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.name = f"{self.kind}{self.stage}"
+
+
+def layer_counts(network: Network, batch: int, dims: Sequence[int], itemsize: int = 4) -> list[LayerCounts]:
+    """Every layer's counts on every rank of a ``dims`` grid for minibatches of ``batch`` images.
+
+    FLOPs of a rank's pass are the whole layer's times the share of units it owns (FLOPs
+    are linear in units); its bytes are the layer's cost evaluated on the rank's input
+    window and owned output (what the local pass reads and writes).
+    """
+    coords = list(grid_coords(tuple(int(d) for d in dims)))
+    rows = [layout(network, dims, c, batch)[1] for c in coords]
+    G = len(coords)
+    out = []
+    for li, layer in enumerate(network.layers):
+        first = rows[0][li]
+        owned, windows = [r[li].src_owned for r in rows], [r[li].window for r in rows]
+        units = math.prod(layer.units(first.in_shape))
+        whole = layer.cost(first.in_shape, itemsize)
+        arr = lambda: np.zeros(G)  # noqa: E731
+        sent, recv, local, ms, mr = arr(), arr(), arr(), arr(), arr()
+        passes = {p: (arr(), arr()) for p in whole}
+        prank = arr()
+        wshape = layer.weight_shape(first.in_shape) if layer.kind == "filter" else None
+        for r in range(G):
+            s, rc = transfers(r, owned, windows)
+            sent[r] = sum(t.box.size for t in s if t.peer != r) * itemsize
+            recv[r] = sum(t.box.size for t in rc if t.peer != r) * itemsize
+            local[r] = sum(t.box.size for t in s if t.peer == r) * itemsize
+            ms[r], mr[r] = sum(t.peer != r for t in s), sum(t.peer != r for t in rc)
+            lb = rows[r][li]
+            if lb.out.is_empty:
+                continue
+            share = lb.sites.size / units
+            mine = layer.cost(lb.window.shape, itemsize)
+            for p, c in whole.items():
+                passes[p][0][r], passes[p][1][r] = c.flops * share, mine[p].bytes
+            if wshape is not None:
+                prank[r] = lb.sites.size * math.prod(wshape[2:])
+        out.append(LayerCounts(li, network.stage_of(li), layer.kind, layer, first.in_shape, first.out_shape,
+                               math.prod(wshape) if wshape else 0, prank, passes,
+                               np.array([b.size for b in owned], float), np.array([b.size for b in windows], float),
+                               np.array([r[li].out.size for r in rows], float), sent, recv, local, ms, mr))
+    return out
+
+
+@dataclass
+class Op:
+    """One operation of a step: ``kind`` compute | exchange | reduce, per-rank amounts."""
+
+    kind: str
+    what: str  # efficiency key (compute), "forward"/"adjoint" (exchange), "allreduce"
+    layer: int | None  # layer index (None: not tied to one layer)
+    flops: np.ndarray | float = 0.0
+    bytes: np.ndarray | float = 0.0  # compute: memory traffic; exchange: (sent, received, local) below
+    sent: np.ndarray | float = 0.0
+    received: np.ndarray | float = 0.0
+    local: np.ndarray | float = 0.0
+    msgs_sent: np.ndarray | float = 0.0
+    msgs_received: np.ndarray | float = 0.0
+    group: int = 1  # allreduce: ranks taking part
+    label: str = ""
+
+
+def step_ops(network: Network, counts: list[LayerCounts], stage: int, batch: int, replicas: int, itemsize: int,
+             optimizer_slots: int, tied: bool = True) -> list[Op]:
+    """The operations of one training step of ``stage`` (GreedyTrainer._train_step, StageObjective)."""
+    f, p = network.layer_index(stage, "filter"), network.layer_index(stage, "pool")
+    G = len(counts[0].sent)
+    ops: list[Op] = []
+
+    def ex(li: int, direction: str, label: str) -> None:
+        c = counts[li]
+        s, r = (c.sent, c.received) if direction == "forward" else (c.received, c.sent)
+        ms, mr = (c.msgs_sent, c.msgs_received) if direction == "forward" else (c.msgs_received, c.msgs_sent)
+        ops.append(Op("exchange", direction, li, sent=s, received=r, local=c.local, msgs_sent=ms, msgs_received=mr,
+                      label=label))
+
+    def comp(li: int, pas: str, label: str) -> None:
+        c = counts[li]
+        fl, by = c.passes[pas]
+        ops.append(Op("compute", f"{c.kind}_{pas}", li, flops=fl, bytes=by, label=label))
+
+    def elementwise(elems: np.ndarray, passes: float, label: str, li: int | None = None) -> None:
+        # one FLOP per element per pass, each pass reading or writing every element once
+        ops.append(Op("compute", "elementwise", li, flops=elems * passes, bytes=elems * passes * itemsize,
+                      label=label))
+
+    def reduce(group: int, nbytes: float, label: str) -> None:
+        ops.append(Op("reduce", "allreduce", None, bytes=nbytes, group=group, label=label))
+
+    # (1) the frozen stages below: forward only
+    for li in range(f):
+        ex(li, "forward", "stage input: exchange")
+        comp(li, "forward", "stage input: forward")
+        if counts[li].kind == "lcn":
+            reduce(G, batch * itemsize, "LCN per-image mean")
+    # (2) the objective
+    ex(f, "forward", "encoder: exchange x")
+    comp(f, "forward", "encoder h = F(x)")
+    comp(f, "backward_data", "decoder x_hat = F^T(h)")
+    ex(f, "adjoint", "decoder: sum into owners")
+    ex(p, "forward", "pool: exchange h")
+    comp(p, "forward", "pool P(h)")
+    reduce(G, 2 * 8, "loss terms")
+    x_own, h_own = counts[f].src_elems, counts[f].out_elems
+    elementwise(x_own, 6, "r = x_hat - x, |r|^2, dx_hat", f)
+    ex(f, "forward", "decoder transpose: exchange dx_hat")
+    comp(f, "forward", "decoder transpose F(dx_hat)")
+    elementwise(counts[p].out_elems, 1, "dP = lam / N", p)
+    comp(p, "backward", "pool backward")
+    ex(p, "adjoint", "pool backward: sum into owners")
+    elementwise(h_own, 3, "dh += P^T(lam / N)", f)
+    comp(f, "backward_weights", "dW encoder")
+    comp(f, "backward_weights", "dW decoder")
+    w = counts[f].params_rank
+    copies = 1 if tied else 2
+    if tied:
+        elementwise(w, 3, "dW = dW_enc + dW_dec", f)
+    # (3) data parallelism: this rank's gradient block averaged over the replicas
+    if replicas > 1:
+        reduce(replicas, w * itemsize * copies, "gradient over replicas")
+        elementwise(w * copies, 2, "gradient / replicas", f)
+        reduce(replicas, 3 * 8, "losses over replicas")
+    # (4) finite checks and the update
+    elementwise(w * copies, 1, "finite check of the gradient", f)
+    reduce(G * replicas, 8, "finite check")
+    elementwise(w * copies, 3 + 2 * optimizer_slots, f"update ({optimizer_slots} optimizer slot(s))", f)
+    elementwise(w * copies, 1, "finite check of the weights", f)
+    reduce(G * replicas, 8, "finite check")
+    return ops
+
+
+def memory(network: Network, counts: list[LayerCounts], stage: int, itemsize: int, optimizer_slots: int,
+           tied: bool = True) -> dict[str, Any]:
+    """Bytes per rank (arrays over ranks) in one step of ``stage``, by category and by layer.
+
+    Weights: every filter layer's block (twice untied).  Gradients: the stage's encoder and
+    decoder blocks and their sum.  Optimizer: its slots for the stage.  Activations: what
+    the step keeps alive at its peak -- windows, outputs (and LCN caches, about an output)
+    of the frozen layers below, then the objective's arrays (3 windows of the filter input,
+    4 blocks of the stage input, 4 filter outputs, 2 pool windows, 2 pool outputs).
+    Buffers: packed send and receive buffers of every exchange of the step.
+    """
+    f, p = network.layer_index(stage, "filter"), network.layer_index(stage, "pool")
+    copies = 1 if tied else 2
+    G = len(counts[0].sent)
+    cats = ("weights", "gradients", "optimizer", "activations", "buffers")
+    by_layer = {c.index: {k: np.zeros(G) for k in cats} for c in counts}
+    for c in counts:
+        by_layer[c.index]["weights"] += c.params_rank * copies * itemsize
+    w = counts[f].params_rank
+    by_layer[f]["gradients"] += w * (3 if tied else 2) * itemsize
+    by_layer[f]["optimizer"] += w * optimizer_slots * copies * itemsize
+    for c in counts[:f]:
+        by_layer[c.index]["activations"] += (c.window_elems + c.out_elems * (2 if c.kind == "lcn" else 1)) * itemsize
+    cf, cp = counts[f], counts[p]
+    by_layer[f]["activations"] += (3 * cf.window_elems + 4 * cf.src_elems + 4 * cf.out_elems) * itemsize
+    by_layer[p]["activations"] += (2 * cp.window_elems + 2 * cp.out_elems) * itemsize
+    for c in counts[:p + 1]:  # the adjoint's packed buffers are its own
+        by_layer[c.index]["buffers"] += (c.sent + c.received) * (2 if c.index in (f, p) else 1)
+    out = {k: sum(d[k] for d in by_layer.values()) for k in cats}
+    out["total"] = sum(out[k] for k in cats)
+    out["by_layer"] = by_layer
+    return out

@@ -1,0 +1,181 @@
+"""Predicted step time and memory of a training step on a machine; the best grid for P ranks.
+
+The step is a sequence of operations (:func:`cotsdl.planner.model.step_ops`); ranks
+synchronize at every exchange and allreduce, so the step time is the sum over the
+operations of the slowest rank's time for each (a bulk-synchronous bound):
+
+- compute: :func:`~cotsdl.planner.machine.op_seconds` (roofline / efficiency + overhead);
+- exchange: ``alpha * max(messages sent, received) + beta * max(bytes sent, received)``
+  plus packing, unpacking and the local copy at the rank's memory bandwidth, plus one
+  overhead (messages to different peers travel at once, sharing the rank's link);
+- small allreduce over n ranks: ``ceil(log2 n) * (alpha + bytes * beta)`` (recursive doubling);
+  the replicas' gradient allreduce: a ring, ``2 (n-1) alpha + 2 (n-1)/n * bytes * beta``.
+
+With ``overlap`` an exchange into a window and the computation that follows it count as
+the larger of the two (the interior is computed while halos travel), a lower bound.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..array.partition import _divisor_pairs
+from ..nn.network import Network
+from .machine import default_ranks_per_node, message_seconds, op_seconds, rank_share
+from .model import Op, layer_counts, memory, step_ops
+
+_COUNTS_CACHE: dict[tuple, list] = {}
+
+
+def counts_for(network: Network, batch: int, dims: Sequence[int], itemsize: int):
+    """:func:`layer_counts`, remembered per (network, batch, grid, itemsize): machines do not change them."""
+    key = (repr(network.describe()), int(batch), tuple(int(d) for d in dims), int(itemsize))
+    if key not in _COUNTS_CACHE:
+        if len(_COUNTS_CACHE) > 64:
+            _COUNTS_CACHE.clear()
+        _COUNTS_CACHE[key] = layer_counts(network, batch, dims, itemsize)
+    return _COUNTS_CACHE[key]
+
+
+def _op_seconds(op: Op, machine: dict[str, Any], share: dict[str, float]) -> np.ndarray | float:
+    if op.kind == "compute":
+        fl, by = np.broadcast_arrays(np.asarray(op.flops, float), np.asarray(op.bytes, float))
+        return np.array([op_seconds(machine, share, op.what, a, b) for a, b in zip(fl.ravel(), by.ravel())])
+    if op.kind == "exchange":
+        wire = message_seconds(machine, np.maximum(op.msgs_sent, op.msgs_received), np.maximum(op.sent, op.received))
+        pack = (op.sent + op.received + op.local) / share["bandwidth"]
+        return wire + pack + machine["overhead_s"]
+    n = op.group
+    if n <= 1:
+        return 0.0
+    nbytes = np.asarray(op.bytes, float)
+    if op.label == "gradient over replicas":  # large: ring allreduce
+        return 2 * (n - 1) * machine["link"]["alpha_s"] + 2 * (n - 1) / n * nbytes * machine["link"]["beta_s_per_byte"]
+    return math.ceil(math.log2(n)) * message_seconds(machine, 1, nbytes)
+
+
+def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] | None, replicas: int,
+                 machine: dict[str, Any], stage: int = 0, dtype: str = "float32", optimizer_slots: int = 2,
+                 ranks_per_node: int | None = None, tied: bool = True, overlap: bool = False) -> dict[str, Any]:
+    """Predicted time and memory of one training step of ``stage``.
+
+    Parameters
+    ----------
+    network : Network
+    batch : int
+        Images per replica per step.
+    ranks : int
+        All ranks (``replicas * Py * Px``).
+    dims : (Py, Px) or None
+        The model grid (None: ``choose_grid`` for ``ranks // replicas``, as training does).
+    machine : dict
+        A validated machine (:func:`cotsdl.planner.load_machine`).
+
+    Returns
+    -------
+    dict
+        ``seconds`` (the step), ``compute_s``, ``exchange_s``, ``reduce_s``, ``memory_bytes``
+        (the largest rank's), ``memory`` (by category, largest rank), ``device_memory_bytes``,
+        ``fits``, ``flops`` and ``halo_bytes`` (per rank, largest), ``layers`` (per-layer
+        detail) and ``ops`` (every operation with its time).
+    """
+    from ..array.partition import choose_grid  # noqa: PLC0415
+
+    ranks, replicas, batch = int(ranks), int(replicas), int(batch)
+    if replicas < 1 or ranks < 1 or ranks % replicas:
+        raise ValueError(f"replicas must be a positive divisor of ranks {ranks}, got {replicas}")
+    group = ranks // replicas
+    dims = tuple(int(d) for d in dims) if dims is not None else choose_grid(group, network.input_shape[:2])
+    if len(dims) != 2 or dims[0] * dims[1] != group:
+        raise ValueError(f"grid {dims[0]}x{dims[1]} has {dims[0] * dims[1]} ranks; {ranks} ranks over {replicas} "
+                         f"replica(s) need {group} per grid")
+    itemsize = np.dtype(dtype).itemsize
+    rpn = int(ranks_per_node) if ranks_per_node else default_ranks_per_node(machine, ranks)
+    share = rank_share(machine, rpn)
+    counts = counts_for(network, batch, dims, itemsize)
+    ops = step_ops(network, counts, stage, batch, replicas, itemsize, optimizer_slots, tied)
+    times = [np.max(_op_seconds(op, machine, share)) for op in ops]
+    if overlap:  # an exchange into a window hides behind the forward computation that follows it
+        for i in range(len(ops) - 1):
+            if ops[i].kind == "exchange" and ops[i].what == "forward" and ops[i + 1].kind == "compute":
+                times[i], times[i + 1] = 0.0, max(times[i], times[i + 1])
+    tot = {k: float(sum(t for t, op in zip(times, ops) if op.kind == k)) for k in ("compute", "exchange", "reduce")}
+    mem = memory(network, counts, stage, itemsize, optimizer_slots, tied)
+    worst = int(np.argmax(mem["total"]))
+    layers = []
+    for c in counts:
+        mine = [(op, t) for op, t in zip(ops, times) if op.layer == c.index]
+        flops = sum(np.asarray(op.flops, float) for op, _ in mine if op.kind == "compute") + np.zeros(len(c.sent))
+        halo = [(op.received, op.msgs_sent + op.msgs_received) for op, _ in mine if op.kind == "exchange"]
+        hb = sum(np.asarray(h, float) for h, _ in halo) + np.zeros(len(c.sent))
+        hm = sum(np.asarray(m, float) for _, m in halo) + np.zeros(len(c.sent))
+        layers.append({
+            "index": c.index, "stage": c.stage, "kind": c.kind, "in_shape": list(c.in_shape),
+            "out_shape": list(c.out_shape), "params": int(c.params), "params_per_rank_max": int(c.params_rank.max()),
+            "flops_per_rank_max": float(flops.max()), "flops_total": float(flops.sum()),
+            "halo_bytes_per_rank_max": float(hb.max()), "halo_messages_per_rank_max": int(hm.max()),
+            "halo_bytes_forward_exchange": [int(v) for v in c.received],
+            "messages_forward_exchange": [int(v) for v in c.msgs_received],
+            "memory_worst_rank": {k: float(v[worst]) for k, v in mem["by_layer"][c.index].items()},
+            "memory_bytes_worst_rank": float(sum(v[worst] for v in mem["by_layer"][c.index].values())),
+            "seconds": float(sum(t for _, t in mine)),
+            "compute_s": float(sum(t for op, t in mine if op.kind == "compute")),
+            "exchange_s": float(sum(t for op, t in mine if op.kind == "exchange")),
+        })
+    step_flops = sum(np.asarray(op.flops, float) for op in ops if op.kind == "compute") + np.zeros(len(counts[0].sent))
+    step_halo = sum(np.asarray(op.received, float) for op in ops if op.kind == "exchange") + np.zeros(len(counts[0].sent))
+    return {
+        "machine": machine["name"], "stage": int(stage), "ranks": ranks, "replicas": replicas, "grid": list(dims),
+        "batch": batch, "dtype": np.dtype(dtype).name, "ranks_per_node": rpn, "overlap": bool(overlap),
+        "seconds": tot["compute"] + tot["exchange"] + tot["reduce"], "compute_s": tot["compute"],
+        "exchange_s": tot["exchange"], "reduce_s": tot["reduce"],
+        "images_per_s": batch * replicas / max(tot["compute"] + tot["exchange"] + tot["reduce"], 1e-300),
+        "flops_per_rank_max": float(step_flops.max()), "halo_bytes_per_rank_max": float(step_halo.max()),
+        "memory_bytes": float(mem["total"][worst]), "memory_rank": worst,
+        "memory": {k: float(np.asarray(v)[worst]) for k, v in mem.items() if k != "by_layer"},
+        "device_memory_bytes": float(share["memory"]), "fits": bool(mem["total"][worst] <= share["memory"]),
+        "layers": layers,
+        "ops": [{"kind": op.kind, "what": op.what, "layer": op.layer, "label": op.label, "seconds": float(t)}
+                for op, t in zip(ops, times)],
+    }
+
+
+def fit_error(network: Network, pred: dict[str, Any]) -> str | None:
+    """Why a prediction does not fit in device memory (naming the layer that needs most), else None."""
+    if pred["fits"]:
+        return None
+    big = max(pred["layers"], key=lambda l: l["memory_bytes_worst_rank"])
+    return (f"does not fit: stage {pred['stage']} on grid {pred['grid'][0]}x{pred['grid'][1]} x {pred['replicas']} "
+            f"replica(s) needs {gb(pred['memory_bytes'])} on rank {pred['memory_rank']}, the device has "
+            f"{gb(pred['device_memory_bytes'])} ({pred['machine']}); the largest part is layer {big['index']} "
+            f"({big['kind']} of stage {big['stage']}): {gb(big['memory_bytes_worst_rank'])} "
+            f"(weights {gb(pred['memory']['weights'])}, gradients {gb(pred['memory']['gradients'])}, optimizer "
+            f"{gb(pred['memory']['optimizer'])}, activations {gb(pred['memory']['activations'])} in all)")
+
+
+def gb(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.2f} GiB"
+
+
+def candidates(ranks: int, replicas: int | None = None) -> list[tuple[int, tuple[int, int]]]:
+    """(replicas, grid) splits of ``ranks``: every divisor (or the given replicas) x every grid."""
+    reps = [replicas] if replicas else [r for r, _ in _divisor_pairs(ranks)]
+    return [(r, pair) for r in reps if ranks % r == 0 for pair in _divisor_pairs(ranks // r)]
+
+
+def suggest(network: Network, batch: int, ranks: int, machine: dict[str, Any], replicas: int | None = None,
+            stages: Sequence[int] | None = None, **kw) -> list[dict[str, Any]]:
+    """Every (replicas, grid) split of ``ranks``, best first: fitting plans by images per second
+    (summed step time over ``stages``, all by default, per image), then the rest."""
+    stages = list(range(len(network.stages))) if stages is None else list(stages)
+    out = []
+    for r, dims in candidates(ranks, replicas):
+        preds = [predict_step(network, batch, ranks, dims, r, machine, stage=k, **kw) for k in stages]
+        secs = sum(p["seconds"] for p in preds)
+        out.append({"replicas": r, "grid": list(dims), "seconds": secs, "images_per_s": batch * r * len(stages) / secs,
+                    "fits": all(p["fits"] for p in preds), "memory_bytes": max(p["memory_bytes"] for p in preds)})
+    # ties: fewer replicas, then more rows (as choose_grid: row slabs are contiguous)
+    out.sort(key=lambda c: (not c["fits"], -round(c["images_per_s"], 9), c["replicas"], -c["grid"][0]))
+    return out
