@@ -1,0 +1,42 @@
+"""The planner's halo bytes and message counts per rank equal what the real NetworkPlan's exchanges report.
+
+Run: mpiexec -n P python -m mpi4py tests/mpi_pytest.py tests/mpi -k planner  (P = 1..4)
+"""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cotsdl.array import ProcessGrid
+from cotsdl.cli import config
+from cotsdl.nn import Network, NetworkPlan
+from cotsdl.planner.model import layer_counts
+from helpers import grids
+from netcases import network
+
+DEMO = Path(__file__).resolve().parents[2] / "jobs/configs/demo.toml"
+
+
+def demo():
+    return Network.from_description(config.load(DEMO)["network"])
+
+
+@pytest.mark.parametrize("make", [network, demo], ids=["uneven", "demo"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dims", grids())
+def test_planner_counts_equal_the_plan(comm, dims, dtype, make):
+    net, batch = make(), 3
+    grid = ProcessGrid(comm, dims)
+    real = NetworkPlan(net, grid, batch, dtype)
+    counts = layer_counts(net, batch, dims, np.dtype(dtype).itemsize)
+    r = grid.rank  # Cartesian rank == row-major block order (reorder=False)
+    assert tuple(grid.coords) == (r // dims[1], r % dims[1])
+    for lp, c in zip(real.layers, counts):
+        ex = lp.exchange
+        got = (c.sent[r], c.received[r], c.msgs_sent[r], c.msgs_received[r], c.local[r])
+        want = (ex.bytes_sent, ex.bytes_received, ex.messages_sent, ex.messages_received, ex.bytes_local)
+        assert got == want, f"layer {lp.index} ({lp.layer.kind}) on rank {r} of grid {dims}"
+        assert c.window_elems[r] == lp.window.size and c.out_elems[r] == lp.out.size
+        if lp.layer.kind == "filter":
+            assert c.params_rank[r] == real.init_params(0)[lp.index].size
+    grid.free()

@@ -1,0 +1,76 @@
+"""`cotsdl plan` as a user runs it: tables, JSON, the memory refusal, and one clear error for bad input."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = str(ROOT / "jobs/configs/demo.toml")
+
+
+def plan(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "cotsdl", "plan", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+def one_error(res):
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cotsdl: error: "), res.stderr
+    return lines[0]
+
+
+def test_plan_prints_layers_stages_and_a_suggestion(tmp_path):
+    out = tmp_path / "plan.json"
+    res = plan(DEMO, "--ranks", "4", "--grid", "2", "2", "--machine", "h100-ndr", "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    for text in ("grid 2x2", "filter0", "training step of stage 2", "suggested:", "ASSUMED", "halo MiB"):
+        assert text in res.stdout
+    data = json.loads(out.read_text())
+    assert [p["stage"] for p in data["predictions"]] == [0, 1, 2]
+    assert data["predictions"][0]["grid"] == [2, 2] and data["error"] is None
+    assert data["suggestions"][0]["images_per_s"] == max(s["images_per_s"] for s in data["suggestions"])
+
+
+def test_memory_refusal_names_the_layer_and_the_bytes(tmp_path):
+    out = tmp_path / "plan.json"
+    res = plan(str(ROOT / "jobs/configs/paper-11.2b.toml"), "--ranks", "4", "--stage", "0",
+               "--machine", "gtx680-fdr", "--json", str(out))
+    line = one_error(res)
+    assert "does not fit" in line and "layer 0 (filter of stage 0)" in line
+    assert "the device has 4.00 GiB (gtx680-fdr)" in line and "GiB on rank" in line
+    assert json.loads(out.read_text())["error"]  # the plan is still written, for a look
+
+
+def test_table(tmp_path):
+    out = tmp_path / "t.json"
+    res = plan("--table", DEMO, str(ROOT / "jobs/configs/paper-185m.toml"), "--ranks", "1", "4",
+               "--machine", "gtx680-fdr", "h100-ndr", "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "paper-185m" in res.stdout and "GiB/GPU" in res.stdout and "The paper" in res.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 2 * 2 * 2 and {r["machine"] for r in rows} == {"gtx680-fdr", "h100-ndr"}
+    assert rows[0]["config"].endswith("demo.toml")  # smallest network first
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--ranks", "0"], "--ranks must be >= 1, got 0"),
+    (["--ranks", "4", "--replicas", "3"], "--ranks 4 is not a multiple of the replicas 3"),
+    (["--ranks", "4", "--grid", "3", "1"], "grid 3x1 x 1 replica(s) is 3 ranks, not --ranks 4"),
+    (["--machine", "k80"], "machine k80: no preset or file named 'k80'"),
+    (["--ranks", "2", "4"], "need --table"),
+    (["--stage", "5"], "--stage 5: the network has 3 stage(s)"),
+    (["--set", "network.stages[0].filter.size=[99, 99]"], "does not fit its input"),
+])
+def test_bad_arguments_give_one_clear_error(args, match):
+    assert match in one_error(plan(DEMO, *args))
+
+
+def test_bad_machine_file_and_json_destination(tmp_path):
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps({"name": "x", "kind": "tpu"}))
+    assert f"machine {f}: missing key source" in one_error(plan(DEMO, "--machine", str(f)))
+    assert "is a folder" in one_error(plan(DEMO, "--json", str(tmp_path)))
+    assert "no such file" in one_error(plan(str(tmp_path / "nope.toml")))

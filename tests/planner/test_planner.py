@@ -1,0 +1,175 @@
+"""The run planner's model: counts agree with the layers and the real plan, the machine model, the grid choice."""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cotsdl.cli import config
+from cotsdl.nn.network import Network
+from cotsdl.planner import PRESETS, MachineError, load_machine, predict_step, suggest, validate_machine
+from cotsdl.planner.machine import op_seconds, rank_share
+from cotsdl.planner.model import OPTIMIZER_SLOTS, layer_counts, step_ops
+from cotsdl.planner.predict import candidates
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = {"input": [13, 11, 2], "stages": [
+    {"filter": {"size": [3, 3], "stride": [1, 1], "block": [2, 1], "channels": 2},
+     "pool": {"size": [2, 2], "stride": [2, 2], "eps": 0.01}, "lcn": {"size": 3, "sigma": 1.0}},
+    {"filter": {"size": [2, 2], "stride": [1, 1], "channels": 3},
+     "pool": {"size": [2, 2], "stride": [1, 1], "eps": 0.01}, "lcn": {"size": 3, "sigma": 1.0}}]}
+
+
+def tiny():
+    return Network.from_description(TINY)
+
+
+def demo():
+    return Network.from_description(config.load(ROOT / "jobs/configs/demo.toml")["network"])
+
+
+def test_the_planner_imports_without_mpi():
+    code = "import sys, cotsdl.planner, cotsdl.cli.plan_cmd; assert 'mpi4py.MPI' not in sys.modules, 'MPI imported'"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("net", [tiny, demo])
+def test_parameters_are_the_weight_shapes(net):
+    n = net()
+    counts = layer_counts(n, 4, (2, 3))
+    want = sum(math.prod(n.layers[i].weight_shape(n.shapes[i] + (1,))) for i in n.filter_layers())
+    assert sum(c.params for c in counts) == want
+    assert sum(c.params_rank.sum() for c in counts) == want  # every site on exactly one rank
+
+
+@pytest.mark.parametrize("dims", [(1, 1), (2, 1), (1, 3), (2, 2), (3, 2)])
+def test_rank_flops_sum_to_the_layer_and_halos_balance(dims):
+    n = demo()
+    counts = layer_counts(n, 5, dims)
+    for c in counts:
+        whole = c.layer.cost(c.in_shape)
+        for p, cost in whole.items():
+            assert c.passes[p][0].sum() == pytest.approx(cost.flops)
+        assert c.sent.sum() == c.received.sum() and c.msgs_sent.sum() == c.msgs_received.sum()
+        if dims == (1, 1):
+            assert c.sent.sum() == 0 and c.msgs_sent.sum() == 0
+        # every window element comes from somewhere: the rank itself or a message
+        assert np.allclose(c.local + c.received, c.window_elems * 4)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_step_flops_are_the_layer_costs_composed(stage):
+    n, N = demo(), 7
+    counts = layer_counts(n, N, (1, 1))
+    ops = step_ops(n, counts, stage, N, 1, 4, optimizer_slots=2)
+    f, p = n.layer_index(stage, "filter"), n.layer_index(stage, "pool")
+    shape = lambda i: n.shapes[i] + (N,)  # noqa: E731
+    want = sum(n.layers[i].cost(shape(i))["forward"].flops for i in range(f))
+    cf, cp = n.layers[f].cost(shape(f)), n.layers[p].cost(shape(p))
+    want += 2 * cf["forward"].flops + cf["backward_data"].flops + 2 * cf["backward_weights"].flops
+    want += cp["forward"].flops + cp["backward"].flops
+    got = sum(float(np.sum(op.flops)) for op in ops if op.kind == "compute" and op.what != "elementwise")
+    assert got == pytest.approx(want)
+    kinds = [(op.kind, op.what, op.layer) for op in ops if op.kind == "exchange"]
+    assert kinds == [("exchange", "forward", i) for i in range(f)] + [
+        ("exchange", "forward", f), ("exchange", "adjoint", f), ("exchange", "forward", p),
+        ("exchange", "forward", f), ("exchange", "adjoint", p)]
+
+
+def test_optimizer_slots_agree_with_the_optimizers():
+    from cotsdl.cli.train import make_optimizer
+    from cotsdl.planner.model import optimizer_slots
+
+    for kind in OPTIMIZER_SLOTS:
+        cfg = config.validate({"data": {"file": "x.h5"}, "network": TINY, "train": {"steps": 1, "optimizer": {"kind": kind}},
+                               "run": {"folder": "r"}})
+        opt = make_optimizer(cfg["train"]["optimizer"], cfg["train"]["schedule"])
+        assert optimizer_slots(cfg["train"]["optimizer"]) == len(opt.slots), kind
+
+
+def test_predict_step_api():
+    m = load_machine("gtx680-fdr")
+    p = predict_step(demo(), 32, 4, (2, 2), 1, m, stage=1, optimizer_slots=2)
+    for k in ("seconds", "compute_s", "exchange_s", "reduce_s", "layers", "memory_bytes", "fits"):
+        assert k in p
+    assert p["seconds"] == pytest.approx(p["compute_s"] + p["exchange_s"] + p["reduce_s"])
+    assert p["exchange_s"] > 0 and p["reduce_s"] > 0 and p["fits"]
+    one = predict_step(demo(), 32, 1, (1, 1), 1, m)
+    assert one["halo_bytes_per_rank_max"] == 0
+    assert one["reduce_s"] == 0  # one rank: no allreduce
+    # replicas add the gradient allreduce and nothing to the model grid's counts
+    two = predict_step(demo(), 32, 8, (2, 2), 2, m, stage=1, optimizer_slots=2)
+    assert two["reduce_s"] > p["reduce_s"] and two["compute_s"] >= p["compute_s"]
+    with pytest.raises(ValueError, match="replicas"):
+        predict_step(demo(), 32, 6, None, 4, m)
+
+
+def test_op_time_is_the_roofline_over_the_efficiency():
+    m = load_machine("h100-ndr")
+    s = rank_share(m, 8)
+    t = op_seconds(m, s, "filter_forward", 1e12, 1e6)
+    assert t == pytest.approx(1e12 / 67e12 / m["efficiency"]["filter_forward"] + m["overhead_s"])
+    t = op_seconds(m, s, "elementwise", 1e3, 1e9)
+    assert t == pytest.approx(1e9 / 3.35e12 / m["efficiency"]["elementwise"] + m["overhead_s"])
+    cpu = {**PRESETS["gtx680-fdr"], "kind": "cpu", "device": {**PRESETS["gtx680-fdr"]["device"], "cores": 8}}
+    assert rank_share(validate_machine(cpu), 4)["flops"] == pytest.approx(3.09e12 / 4)
+
+
+def test_suggestion_is_the_lowest_prediction():
+    n, m = demo(), load_machine("gtx680-fdr")
+    got = suggest(n, 32, 4, m, optimizer_slots=2)
+    per = {}
+    for r, dims in candidates(4):
+        per[(r, dims)] = sum(predict_step(n, 32, 4, dims, r, m, stage=k, optimizer_slots=2)["seconds"]
+                             for k in range(3)) / (32 * r)
+    best = min(per.values())
+    assert per[(got[0]["replicas"], tuple(got[0]["grid"]))] == pytest.approx(best)
+    assert len(got) == len(per)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_are_valid(name):
+    m = load_machine(name)
+    assert m["kind"] == "gpu" and "ASSUMED" in m["source"]
+
+
+def test_bad_machines_name_file_and_key(tmp_path, monkeypatch):
+    with pytest.raises(MachineError, match="no preset or file named 'k80'"):
+        load_machine("k80")
+    good = json.loads(json.dumps(PRESETS["gtx680-fdr"]))
+    del good["link"]["alpha_s"]
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps(good))
+    with pytest.raises(MachineError, match=rf"{f}: missing key link.alpha_s"):
+        load_machine(str(f))
+    good["link"]["alpha_s"] = 1e-6
+    good["efficiency"]["pool_forward"] = 1.5
+    f.write_text(json.dumps(good))
+    with pytest.raises(MachineError, match=r"efficiency.pool_forward = 1.5: must be a number in \(0, 1\]"):
+        load_machine(str(f))
+    f.write_text("{not json")
+    with pytest.raises(MachineError, match="not valid JSON"):
+        load_machine(str(f))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(MachineError, match="machine.json"):
+        load_machine("this")
+    good["efficiency"]["pool_forward"] = 0.5
+    (tmp_path / "machine.json").write_text(json.dumps(good))
+    assert load_machine("this")["efficiency"]["pool_forward"] == 0.5
+
+
+PAPER = {"185m": 185e6, "680m": 680e6, "1.9b": 1.9e9, "6.9b": 6.9e9, "11.2b": 11.2e9}
+
+
+@pytest.mark.parametrize("tag", sorted(PAPER))
+def test_paper_configs_have_the_stated_sizes(tag):
+    cfg = config.load(ROOT / f"jobs/configs/paper-{tag}.toml")
+    n = Network.from_description(cfg["network"])
+    assert n.input_shape == (200, 200, 3) and len(n.stages) == 3
+    assert all(16 <= n.layers[i].size[0] <= 20 for i in n.filter_layers())
+    params = sum(c.params for c in layer_counts(n, 1, (1, 1)))
+    assert abs(params / PAPER[tag] - 1) < 0.05, params
