@@ -1,0 +1,64 @@
+"""``cotsdl bench layers --peer``: runs with or without PyTorch/JAX, checks agreement before timing."""
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cotsdl.bench import layers
+
+PASSES = {"filter_forward", "filter_bwd_data", "filter_bwd_weights", "pool_forward", "pool_backward",
+          "lcn_forward", "lcn_backward"}
+
+
+@pytest.mark.timeout(900)
+def test_peer_on_a_small_shape_agrees_or_reports():
+    log = io.StringIO()
+    res = layers.run(repeats=1, min_time=0.0, peer=True, log=log, shapes=[layers.TINY])
+    have = layers.peers_importable()
+    assert res["peers"] == have
+    (row,) = res["results"]
+    assert set(row["ops"]) == PASSES
+    if not have:
+        assert "not importable" in log.getvalue()
+        return
+    for name, rec in row["ops"].items():
+        for peer, pr in rec["peers"].items():
+            assert peer in have
+            # Every formulation computes our function on this shape; each is timed with a ratio.
+            assert pr["agrees"], (name, peer, pr)
+            assert pr["seconds"] > 0 and pr["ratio"] > 0
+    torch_passes = {n for n, r in row["ops"].items() if "torch" in r["peers"]}
+    assert torch_passes == (PASSES if "torch" in have else set())
+    jax_passes = {n for n, r in row["ops"].items() if "jax" in r["peers"]}
+    assert jax_passes == ({"filter_forward", "filter_bwd_data", "filter_bwd_weights"} if "jax" in have else set())
+
+
+def test_agreement_check_rejects_a_different_function():
+    a = np.random.default_rng(0).standard_normal((3, 4, 5)).astype(np.float32)
+    assert layers._agree(a + 1e-7, a)[0]
+    assert not layers._agree(a * 1.01, a)[0]
+    assert not layers._agree(a.reshape(3, 20), a)[0]
+
+
+@pytest.mark.timeout(300)
+def test_peer_flag_without_peers_still_runs(tmp_path):
+    """With torch and jax hidden (as in CI), --peer says so and the bench still runs and writes JSON."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    for mod in ("torch", "jax"):
+        (hide / f"{mod}.py").write_text("raise ImportError('hidden by the test')\n")
+    out = tmp_path / "l.json"
+    code = ("import sys; sys.path.insert(0, %r); from cotsdl.cli import main; "
+            "sys.exit(main(['bench', 'layers', '--peer', '--repeats', '1', '--min-time', '0', '--json', %r]))"
+            % (str(hide), str(out)))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=280)
+    assert res.returncode == 0, res.stderr
+    assert "neither PyTorch nor JAX is importable" in res.stdout
+    data = json.loads(out.read_text())
+    assert data["peers"] == []
+    assert len(data["results"]) == len(layers.SHAPES)
