@@ -9,25 +9,25 @@ module measures every number of that model in one run:
   ``memory_bandwidth``: a large copy split over all cores (bytes read + bytes written,
   as STREAM counts them); ``cores``: :func:`cotsdl.ops.available_cores`;
   ``memory_bytes``: MemTotal of /proc/meminfo.
-- ``overhead_s``: the least time over the timed operations called on tiny arrays (the
-  checks and dispatch every call pays; the filter's thread-pool hand-off and LCN's many
-  small steps are larger and stay in their efficiencies, so no pass's time is below it).
-- ``efficiency``: every pass of every stage of the demo network (``jobs/configs/demo.toml``)
-  timed with :mod:`cotsdl.ops` (best of the repeats, as the sgemm peak: the machine may be
-  shared, and both sides of a ratio must see the same quiet machine) on all cores and on 1 core.  Per
-  op the efficiency is the one that makes the planner's model reproduce the measurement:
-  ``max(flops / rate, bytes / bandwidth) / (t - overhead_s)`` with ``rate`` and
-  ``bandwidth`` the share of the threads used (threads / cores of the peak and of the
-  memory bandwidth, as :func:`cotsdl.planner.machine.rank_share`), summed over the stages
-  first (time-weighted), with FLOPs and minimum bytes from :mod:`cotsdl.ops.costs`.  For
-  the filter passes the FLOP term is the larger, so this is achieved FLOP/s / peak; for
-  pool, LCN and the elementwise update (one Adam step of :class:`cotsdl.train.optim.Adam`
-  on the stage's weights, reading p, g, m, v and writing p, m, v: 7 words per weight, as
-  the planner counts an update with 2 slots) it is achieved bytes/s / bandwidth.  The
-  planner holds one efficiency per op, but the small passes of the demo scale poorly
-  with threads, so the file gets the geometric mean of the all-cores and 1-core values
-  of the demo case (a 1-rank run uses all cores, a run with a rank per core 1 each);
-  every case and thread count is printed and kept under ``calibration``.
+- ``overhead_s`` and ``overhead_by_op_s``: the median time of each operation called on
+  tiny arrays (the checks, dispatch and thread-pool hand-off every call pays), and the
+  least of them.
+- ``efficiency`` and ``efficiency_by_threads``: every pass of every stage of the demo
+  network (``jobs/configs/demo.toml``) timed with :mod:`cotsdl.ops` (the median of the
+  repeats: a training step sees typical times, not the best) on all cores and on 1 core.
+  Per op the efficiency is the one that makes the planner's model reproduce the
+  measurement: ``max(flops / rate, bytes / bandwidth) / (t - the op's call cost)`` with
+  ``rate`` and ``bandwidth`` the share of the threads used (threads / cores of the peak
+  and of the memory bandwidth, as :func:`cotsdl.planner.machine.rank_share`), summed over
+  the stages first (time-weighted), with FLOPs and minimum bytes from
+  :mod:`cotsdl.ops.costs`.  For the filter passes the FLOP term is the larger, so this is
+  achieved FLOP/s / peak; for pool, LCN and the elementwise update (one Adam step of
+  :class:`cotsdl.train.optim.Adam` on the stage's weights: 7 words per weight, as the
+  planner counts an update with 2 slots) it is achieved bytes/s / bandwidth.  Small
+  passes scale poorly with threads, so the file keeps one set per thread count
+  (``efficiency_by_threads``; the planner takes the one of a rank's thread count, cores /
+  ranks per node) and ``efficiency`` = the all-cores set; every case is printed and kept
+  under ``calibration``.
 - ``link``: an MPI ping-pong between ranks 0 and 1 over message sizes from 8 B to
   4 MiB (per size the best of 3 medians), fitted by least squares on the relative error (so small and large messages
   count alike) to ``alpha + beta * bytes``; then one real halo exchange
@@ -84,15 +84,31 @@ def demo_network(input_shape) -> Network:
     return Network.from_description({"input": list(input_shape), "stages": DEMO_STAGES})
 
 
-def median_time(fn: Callable[[], Any], repeats: int, min_time: float = 0.0) -> float:
-    """Median wall time of ``fn`` over at least ``repeats`` calls and ``min_time`` seconds, after one warm-up."""
+def median_time(fn: Callable[[], Any], repeats: int, min_time: float = 0.0,
+                flush: Callable[[], Any] | None = None) -> float:
+    """Median wall time of ``fn`` over at least ``repeats`` calls and ``min_time`` seconds, after one warm-up;
+    ``flush`` (untimed) runs before every call."""
     fn()
     times: list[float] = []
     while len(times) < repeats or sum(times) < min_time:
+        if flush is not None:
+            flush()
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
     return float(np.median(times))
+
+
+class CacheFlush:
+    """Writes a buffer larger than the caches: in a training step every pass finds its operands
+    evicted by the passes before it, so passes are timed that way (hot-cache repeats of one pass
+    ran twice as fast as the same pass inside a step here)."""
+
+    def __init__(self, nbytes: int = 96 << 20):
+        self.buf = np.zeros(nbytes // 8)
+
+    def __call__(self) -> None:
+        self.buf += 1.0
 
 
 # -- the device ---------------------------------------------------------------------------
@@ -168,18 +184,18 @@ def tiny_overhead(repeats: int) -> tuple[float, dict[str, float]]:
     net = Network.from_description({"input": [6, 6, 1], "stages": [
         {"filter": {"size": [2, 2], "stride": [1, 1], "channels": 1},
          "pool": {"size": [2, 2], "stride": [1, 1], "eps": 0.01}, "lcn": {"size": 3, "sigma": 1.0, "eps": 0.001}}]})
-    per = {name: best_time(fn, max(20, 4 * repeats))
+    per = {name: median_time(fn, max(20, 4 * repeats))
            for name, _, fn, _ in stage_passes(net, 1, [0], np.random.default_rng(1))}
     return float(min(per.values())), per
 
 
-def efficiencies(rows, peak: float, bw: float, overhead: float) -> dict[str, float]:
-    """Per op: sum over rows of the model's floor / sum of (time - overhead) (the time-weighted efficiency)."""
+def efficiencies(rows, peak: float, bw: float, overhead: dict[str, float]) -> dict[str, float]:
+    """Per op: sum over rows of the model's floor / sum of (time - the op's call cost) (time-weighted)."""
     out = {}
     for op in OPS:
         mine = [r for r in rows if r["op"] == op]
         floor = sum(max(r["flops"] / peak, r["bytes"] / bw) for r in mine)
-        spent = sum(max(r["seconds"] - overhead, 0.05 * r["seconds"]) for r in mine)
+        spent = sum(max(r["seconds"] - overhead[op], 0.05 * r["seconds"]) for r in mine)
         out[op] = floor / spent
     return out
 
@@ -249,26 +265,54 @@ def _measure_compute(repeats: int, quick: bool, say) -> dict[str, Any]:
         res["overhead_s"], res["tiny"] = tiny_overhead(repeats)
         say(f"      overhead per op call (tiny arrays, least over the ops) {res['overhead_s'] * 1e6:.1f} us: "
             + ", ".join(f"{k} {v * 1e6:.0f}" for k, v in res["tiny"].items()))
-        thread_counts = [cores] if quick or cores == 1 else [cores, 1]
-        cases = QUICK_CASES if quick else CASES
-        rows = []
-        for ci, (label, inp, N) in enumerate(cases):
-            net = demo_network(inp)
-            stages = [0] if quick else range(len(net.stages))
-            passes = stage_passes(net, N, stages, np.random.default_rng(ci))
-            for th in thread_counts:
-                ops.set_num_threads(th)
-                say(f"[2/4] case {label}: {len(passes)} passes on {th} thread(s) ...")
-                for op, k, fn, cost in passes:
-                    t = best_time(fn, repeats, 0.0 if quick else 0.1)
-                    rows.append({"case": label, "threads": th, "op": op, "stage": k, "seconds": t,
-                                 "flops": cost.flops, "bytes": cost.bytes})
-        res["rows"] = rows
-        res["thread_counts"] = thread_counts
-        res["cases"] = [c[0] for c in cases]
+        res["rows"] = _measure_passes(cores, repeats, quick, say)
+        res["thread_counts"] = [cores]
+        res["cases"] = [c[0] for c in (QUICK_CASES if quick else CASES)]
     finally:
         ops.set_num_threads(prev if prev != ops.available_cores() else None)
     return res
+
+
+def _measure_passes(threads: int, repeats: int, quick: bool, say) -> list[dict[str, Any]]:
+    """Median times of every pass of the demo network's stages on ``threads`` threads, operands not in cache."""
+    prev = ops.num_threads()
+    rows = []
+    flush = CacheFlush(8 << 20 if quick else 96 << 20)
+    try:
+        ops.set_num_threads(threads)
+        for ci, (label, inp, N) in enumerate(QUICK_CASES if quick else CASES):
+            net = demo_network(inp)
+            stages = [0] if quick else range(len(net.stages))
+            passes = stage_passes(net, N, stages, np.random.default_rng(ci))
+            say(f"[2/4] case {label}: {len(passes)} passes on {threads} thread(s) ...")
+            for op, k, fn, cost in passes:
+                # a step sees typical times (not the best) with operands not in cache
+                t = median_time(fn, repeats, 0.0 if quick else 0.1, flush)
+                rows.append({"case": label, "threads": threads, "op": op, "stage": k, "seconds": t,
+                             "flops": cost.flops, "bytes": cost.bytes})
+    finally:
+        ops.set_num_threads(prev if prev != ops.available_cores() else None)
+    return rows
+
+
+def _one_thread_passes(comm: MPI.Comm, hosts: list[str], comp: dict[str, Any], repeats: int, say) -> None:
+    """The passes on 1 thread, run at once on up to ``cores`` ranks of rank 0's host (a rank per core
+    shares caches and memory bandwidth with the others, as in training); rank 0's times are kept."""
+    rank, cores = comm.Get_rank(), comp["cores"]
+    busy = [r for r in range(comm.Get_size()) if hosts[r] == hosts[0]][:cores]
+    sub = comm.Split(0 if rank in busy else MPI.UNDEFINED, rank)
+    rows = None
+    if sub != MPI.COMM_NULL:
+        say(f"      ({len(busy)} of {cores} cores busy: the same passes on every busy rank at once)")
+        sub.Barrier()
+        rows = _measure_passes(1, repeats, False, say if rank == 0 else (lambda *a: None))
+        sub.Free()
+        comm.Ibarrier().Wait()
+    else:
+        _wait_idle(comm)
+    comp["rows"] += comm.bcast(rows if rank == 0 else None, root=0)
+    comp["thread_counts"].append(1)
+    comp["busy_1thread"] = len(busy)
 
 
 def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -> dict[str, Any]:
@@ -294,6 +338,8 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
         _wait_idle(comm)
     raise_collectively(comm, err, RuntimeError)
     comp = comm.bcast(comp, root=0)
+    if comp["cores"] > 1 and not quick:
+        _one_thread_passes(comm, hosts, comp, repeats, say)
     peak, bw, over, cores = comp["peak_flops"], comp["memory_bandwidth"], comp["overhead_s"], comp["cores"]
 
     all_rows = comp["rows"]
@@ -301,13 +347,14 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
     for case in comp["cases"]:
         for th in comp["thread_counts"]:
             rows = [r for r in all_rows if r["case"] == case and r["threads"] == th]
-            eff_by[(case, th)] = efficiencies(rows, peak * th / cores, bw * th / cores, over)
+            eff_by[(case, th)] = efficiencies(rows, peak * th / cores, bw * th / cores, comp["tiny"])
     # Written: the case demo.toml trains (the last), geometric mean over all cores and 1 core: the planner
     # has one efficiency per op, and a rank runs on all cores (1 rank) or on 1 core (a rank per core).
-    written = [k for k in eff_by if k[0] == comp["cases"][-1]]
-    eff = {op: float(np.exp(np.mean([np.log(eff_by[k][op]) for k in written]))) for op in OPS}
-    clamped = sorted(op for op, v in eff.items() if v > 1)
-    eff = {op: min(v, 1.0) for op, v in eff.items()}  # the planner's range is (0, 1]
+    demo = comp["cases"][-1]
+    by_threads = {str(th): {op: min(round(eff_by[(demo, th)][op], 4), 1.0) for op in OPS}  # (0, 1]: the planner's range
+                  for th in comp["thread_counts"]}
+    clamped = sorted({op for th in comp["thread_counts"] for op in OPS if eff_by[(demo, th)][op] > 1})
+    eff = by_threads[str(cores)]
     if rank == 0:
         say("")
         say(f"per-op times and efficiencies (model: max(flops/rate, bytes/bandwidth)/(t - overhead); rate = "
@@ -316,16 +363,16 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
         for r in all_rows:
             rate, rbw = peak * r["threads"] / cores, bw * r["threads"] / cores
             tf, tb = r["flops"] / rate, r["bytes"] / rbw
-            e = max(tf, tb) / max(r["seconds"] - over, 0.05 * r["seconds"])
+            e = max(tf, tb) / max(r["seconds"] - comp["tiny"][r["op"]], 0.05 * r["seconds"])
             say(f"{r['case']:22} {r['op']:24} {r['stage']:5d} {r['threads']:3d} {r['seconds'] * 1e3:9.3f} "
                 f"{r['flops'] / r['seconds'] / 1e9:8.2f} {r['bytes'] / r['seconds'] / 1e9:7.2f} "
                 f"{'flops' if tf >= tb else 'bytes':>6} {e:6.3f}")
         say("")
         cols = [(c, th) for c in comp["cases"] for th in comp["thread_counts"]]
-        say(f"{'efficiency (time-weighted over stages)':40} " + " ".join(f"{c + ' ' + str(th) + 't':>20}" for c, th in cols)
-            + f" {'written':>9}")
+        say(f"{'efficiency (time-weighted over stages)':40} " + " ".join(f"{c + ' ' + str(th) + 't':>20}" for c, th in cols))
         for op in OPS:
-            say(f"{op:40} " + " ".join(f"{eff_by[k][op]:20.3f}" for k in cols) + f" {eff[op]:9.3f}")
+            say(f"{op:40} " + " ".join(f"{eff_by[k][op]:20.3f}" for k in cols))
+        say(f"written: the {demo} column(s), per thread count (efficiency_by_threads; efficiency = all cores)")
         if clamped:
             say(f"(above 1, written as 1: {', '.join(clamped)} -- these passes beat the roofline of their minimum "
                 f"bytes, e.g. inputs that stay in cache)")
@@ -383,7 +430,8 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
     source = (f"cotsdl bench calibrate {args} (cotsdl {__version__}) on {size} rank(s), {stamp}, host "
               f"{','.join(sorted(set(hosts)))}; peak_flops = numpy sgemm on {cores} core(s), memory_bandwidth = "
               f"threaded copy (read+write); efficiencies = demo network passes ({cases}) on threads "
-              f"{comp['thread_counts']}, written: {comp['cases'][-1]}, geometric mean over the threads; link: {what}")
+              f"{comp['thread_counts']} (median times, operands not in cache; 1 thread with "
+              f"{comp.get('busy_1thread', 1)} of {cores} cores busy), written: {demo} per thread count; link: {what}")
     machine = {
         "name": f"{host}-{cores}core" + ("-quick" if quick else ""),
         "kind": "cpu",
@@ -393,14 +441,16 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
         "efficiency": {op: round(v, 4) for op, v in eff.items()},
         "overhead_s": float(over),
         "link": {"alpha_s": alpha, "beta_s_per_byte": beta},
+        # optional refinements the planner uses when present: a rank running t threads, each op's call cost
+        "efficiency_by_threads": by_threads,
+        "overhead_by_op_s": {op: float(v) for op, v in comp["tiny"].items()},
         # raw data (the planner ignores unknown top-level keys)
         "calibration": {
             "link_measured": what, "pingpong" if size >= 2 else "copy": link_rows, "halo_exchanges": exchanges,
-            "efficiency_written_from": f"case {comp['cases'][-1]}, geometric mean over threads "
-                                       f"{comp['thread_counts']}",
+            "efficiency_written_from": f"case {demo}, per thread count {comp['thread_counts']}",
             "efficiency_by_case": {f"{c} {th} thread(s)": {op: round(v, 4) for op, v in e.items()}
                                    for (c, th), e in eff_by.items()},
-            "overhead_by_op_s": comp["tiny"], "bandwidth_1thread": comp["bandwidth_1thread"],
+            "bandwidth_1thread": comp["bandwidth_1thread"],
             "passes": comp["rows"],
         },
     }

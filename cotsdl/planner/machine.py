@@ -125,6 +125,20 @@ def validate_machine(data: Any, source: str = "description") -> dict[str, Any]:
         raise MachineError(f"machine {source}: overhead_s = {ov!r}: must be a number >= 0")
     _positive(source, "link.alpha_s", data["link"]["alpha_s"])
     _positive(source, "link.beta_s_per_byte", data["link"]["beta_s_per_byte"])
+    # Optional refinements (written by `cotsdl bench calibrate`): efficiencies of a rank running
+    # t threads, and each op's fixed cost per call.
+    for t, effs in (data.get("efficiency_by_threads") or {}).items():
+        if not (isinstance(t, str) and t.isdigit() and int(t) >= 1 and isinstance(effs, dict)):
+            raise MachineError(f"machine {source}: efficiency_by_threads.{t}: keys must be thread counts "
+                               "(\"1\", \"2\", ...) holding efficiency objects")
+        for k in EFFICIENCY_KEYS:
+            if k not in effs:
+                raise MachineError(f"machine {source}: missing key efficiency_by_threads.{t}.{k}")
+            _positive(source, f"efficiency_by_threads.{t}.{k}", effs[k], upto=1)
+    for k, v in (data.get("overhead_by_op_s") or {}).items():
+        if k not in EFFICIENCY_KEYS:
+            raise MachineError(f"machine {source}: unknown key overhead_by_op_s.{k} (allowed: {', '.join(EFFICIENCY_KEYS)})")
+        _positive(source, f"overhead_by_op_s.{k}", v)
     out = json.loads(json.dumps(data))  # a deep copy: presets stay untouched
     out["device"]["cores"] = int(dev["cores"])
     out["device"]["devices_per_node"] = int(dev["devices_per_node"])
@@ -171,7 +185,17 @@ def rank_share(machine: dict[str, Any], ranks_per_node: int) -> dict[str, float]
         f = min(dev["cores"], dev["cores"] / rpn) / dev["cores"]  # a rank's core share
     # device memory: a GPU's own (shared when ranks share it), a CPU node's split over its ranks
     mem = dev["memory_bytes"] * (f if machine["kind"] == "gpu" else 1.0 / rpn)
-    return {"flops": dev["peak_flops"] * f, "bandwidth": dev["memory_bandwidth"] * f, "memory": mem}
+    threads = max(1, dev["cores"] // rpn) if machine["kind"] == "cpu" else 1  # as cotsdl train sets them
+    return {"flops": dev["peak_flops"] * f, "bandwidth": dev["memory_bandwidth"] * f, "memory": mem,
+            "threads": threads}
+
+
+def efficiency(machine: dict[str, Any], share: dict[str, float], op: str) -> float:
+    """The efficiency of ``op`` for a rank running ``share["threads"]`` threads: the calibrated value
+    for that thread count when the machine has one (the nearest count below), else ``efficiency``."""
+    by = machine.get("efficiency_by_threads") or {}
+    counts = sorted(int(t) for t in by if int(t) <= share.get("threads", 1))
+    return by[str(counts[-1])][op] if counts else machine["efficiency"][op]
 
 
 def op_seconds(machine: dict[str, Any], share: dict[str, float], op: str, flops: float, nbytes: float,
@@ -180,7 +204,8 @@ def op_seconds(machine: dict[str, Any], share: dict[str, float], op: str, flops:
     if flops <= 0 and nbytes <= 0:
         return 0.0
     roof = max(flops / share["flops"], nbytes / share["bandwidth"])
-    return roof / machine["efficiency"][op] + calls * machine["overhead_s"]
+    call = (machine.get("overhead_by_op_s") or {}).get(op, machine["overhead_s"])
+    return roof / efficiency(machine, share, op) + calls * call
 
 
 def message_seconds(machine: dict[str, Any], messages: float, nbytes: float) -> float:

@@ -119,6 +119,29 @@ def test_op_time_is_the_roofline_over_the_efficiency():
     assert rank_share(validate_machine(cpu), 4)["flops"] == pytest.approx(3.09e12 / 4)
 
 
+def test_calibrated_refinements_per_thread_count_and_per_op_call():
+    """A rank running t threads (cores / ranks per node) takes the efficiencies calibrated for t
+    threads (the nearest count below), and each op its own call cost."""
+    base = {**PRESETS["gtx680-fdr"], "kind": "cpu", "device": {**PRESETS["gtx680-fdr"]["device"], "cores": 4}}
+    one = {k: 0.1 for k in base["efficiency"]}
+    four = {k: 0.4 for k in base["efficiency"]}
+    m = validate_machine({**base, "efficiency_by_threads": {"1": one, "4": four},
+                          "overhead_by_op_s": {"filter_forward": 1e-4}})
+    for ranks_per_node, threads, eff in ((1, 4, 0.4), (2, 2, 0.1), (4, 1, 0.1), (8, 1, 0.1)):
+        s = rank_share(m, ranks_per_node)
+        assert s["threads"] == threads
+        t = op_seconds(m, s, "filter_forward", 1e9, 0.0)
+        assert t == pytest.approx(1e9 / s["flops"] / eff + 1e-4)
+    assert op_seconds(m, rank_share(m, 1), "pool_forward", 1e9, 0.0) == pytest.approx(
+        1e9 / rank_share(m, 1)["flops"] / 0.4 + m["overhead_s"])
+    with pytest.raises(MachineError, match="efficiency_by_threads.2.pool_forward = 2"):
+        validate_machine({**base, "efficiency_by_threads": {"2": {**one, "pool_forward": 2}}})
+    with pytest.raises(MachineError, match="efficiency_by_threads.x"):
+        validate_machine({**base, "efficiency_by_threads": {"x": one}})
+    with pytest.raises(MachineError, match="unknown key overhead_by_op_s.conv"):
+        validate_machine({**base, "overhead_by_op_s": {"conv": 1e-5}})
+
+
 def test_suggestion_is_the_lowest_prediction():
     n, m = demo(), load_machine("gtx680-fdr")
     got = suggest(n, 32, 4, m, optimizer_slots=2)
