@@ -53,6 +53,9 @@ def _info() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from ..ops.cpu.allocator import tune_allocator  # noqa: PLC0415
+
+    tune_allocator()  # a training process reuses its freed arrays (no page faults every step)
     try:
         if args.command == "plan":
             from . import plan_cmd  # noqa: PLC0415
