@@ -17,14 +17,16 @@ an array library and a pair of window boxes, and cached (``_Route``):
   array itself;
 * ``datatype``: host memory; every message goes straight from and into the
   arrays, the contiguous boxes as they lie and the others (column strips of a 1xP
-  grid, say) through an MPI derived datatype (a subarray type committed once per
-  route, freed with the plan): MPI reads and writes the strided box in place, with
-  no copy in Python;
+  grid of at least ``DATATYPE_MIN_BYTES`` each, say) through an MPI derived
+  datatype (a subarray type committed once per route, freed with the plan or by
+  ``free()``): MPI reads and writes the strided box in place, with no copy in Python;
 * ``packed``: host memory; some boxes travel through one packed buffer per
   direction: every box the adjoint sums (MPI cannot add with a receive; the
   adjoint's sends still use datatypes), every box of the ``cuda-emu`` backend, every
-  box of an array that is not C-ordered or whose dtype MPI has no type for; the
-  others still directly or through datatypes;
+  box of an array that is not C-ordered or whose dtype MPI has no type for, and
+  every strided box below ``DATATYPE_MIN_BYTES`` (1 MiB: there one NumPy copy on
+  each side beats MPI's start-up cost for a strided type); the others still
+  directly or through datatypes;
 * ``staged``: device buffers, packed by the kernels, through page-locked host
   buffers (MPI not CUDA-aware);
 * ``cuda-aware``: device buffers handed to MPI after a stream synchronisation.
@@ -119,8 +121,9 @@ class _Route:
     * straight from or into the array (``direct``): a box that is one contiguous run
       of a C-ordered host array;
     * as an MPI derived datatype (a committed subarray type, ``datatype``): any other
-      box of a C-ordered host array, read or written in place by MPI (never a box
-      whose receive is summed: MPI cannot add into memory with a receive);
+      box of a C-ordered host array of at least :data:`DATATYPE_MIN_BYTES`, read or
+      written in place by MPI (never a box whose receive is summed: MPI cannot add
+      into memory with a receive);
     * through its slot of the packed buffers: every box of a device or kernel-handled
       array, every summed receive, and every box of other host memory (not C-ordered,
       a dtype MPI has no type for).
@@ -137,13 +140,15 @@ class _Route:
         #: The derived datatypes this route committed (owned by the plan's list ``types``).
         self.types: list = []
 
+        itemsize = bufs.send.dtype.itemsize
+
         def ways(side: _Side, box: Box, allowed: bool) -> list[tuple[str, Any]]:
             # Per message: ("view", slices in the array), ("type", committed datatype) or ("slot", slice).
             out_ = []
             for t, slot in zip(side.transfers, side.slots):
                 if allowed and t.box.is_contiguous_in(box):
                     out_.append(("view", t.box.slices_in(box)))
-                elif allowed and mpi_type is not None:
+                elif allowed and mpi_type is not None and t.box.size * itemsize >= DATATYPE_MIN_BYTES:
                     dt = _subarray_type(mpi_type, box, t.box)
                     self.types.append(dt)
                     out_.append(("type", dt))
@@ -242,29 +247,28 @@ def _message(arr: Any, way: tuple[str, Any], wire: Any) -> Any:
 def _subarray_type(base: MPI.Datatype, arr_box: Box, box: Box) -> MPI.Datatype:
     """A committed datatype selecting ``box`` inside a C-ordered array covering ``arr_box``.
 
-    A subarray type over the array's own axes for messages below
-    :data:`DATATYPE_FLAT_BYTES`; above, the same box with every trailing axis that both
-    span whole merged into the one before it (a column strip of (H, W, C, N) becomes
-    H runs of w*C*N elements: a 2-D subarray, which MPI treats as a plain strided
-    vector).  Both describe the same elements; only MPI's handling differs.
+    Every trailing axis that both span whole is merged into the one before it, so a
+    column strip of (H, W, C, N) becomes H runs of w*C*N elements (a 2-D subarray,
+    which MPI handles as a plain strided vector; MPICH sends a 4-D subarray of the
+    same elements through its much slower pack pipeline).
     """
     outer, inner = list(arr_box.shape), list(box.shape)
     starts = [b - a for b, a in zip(box.lo, arr_box.lo)]
-    if box.size * base.Get_size() >= DATATYPE_FLAT_BYTES:
-        while len(outer) > 1 and inner[-1] == outer[-1]:
-            n = outer.pop()
-            inner.pop()
-            starts.pop()
-            outer[-1], inner[-1], starts[-1] = outer[-1] * n, inner[-1] * n, starts[-1] * n
+    while len(outer) > 1 and inner[-1] == outer[-1]:
+        n = outer.pop()
+        inner.pop()
+        starts.pop()
+        outer[-1], inner[-1], starts[-1] = outer[-1] * n, inner[-1] * n, starts[-1] * n
     return base.Create_subarray(outer, inner, starts, order=MPI.ORDER_C).Commit()
 
 
-#: Messages of at least this many bytes use the flattened (vector-like) datatype.  Measured
-#: with MPICH 5 (ch4, shared memory, 2 ranks): a 4-D subarray goes through MPICH's pack
-#: pipeline (fast to start, ~7 GB/s), a 2-D one through its strided path (~45 us to start,
-#: close to a contiguous message after); they cross near 0.1-0.25 MiB (the exchange sends both ways at once).  Other MPI libraries
-#: handle both alike.
-DATATYPE_FLAT_BYTES = 128 * 1024
+#: Boxes that are not one contiguous run travel as derived datatypes from this many
+#: bytes per message on; smaller ones are packed.  Measured with MPICH 5 (ch4, shared
+#: memory, two ranks exchanging both ways, 1x2 grid): a strided datatype costs ~45 us
+#: to start and then moves at nearly contiguous speed, packing costs two host copies,
+#: and the two cross near 1 MiB (at 8 MiB the datatype takes a third of the time).
+#: Read when a route is bound.
+DATATYPE_MIN_BYTES = 1 << 20
 
 
 def _free_types(types: list) -> None:

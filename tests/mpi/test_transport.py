@@ -2,10 +2,11 @@
 
 Whole rows of an (H, W, C, N) window are one contiguous run of memory, so a Px1
 grid with halos over H moves every message straight from and into the arrays
-("direct"); a 1xP grid with halos over W sends column strips, which MPI reads and
-writes in place through derived datatypes ("datatype").  The adjoint sums what it
-receives, so its receives are always packed ("packed"; its sends still go direct or
-through datatypes).
+("direct"); a 1xP grid with halos over W sends column strips, which are packed
+below DATATYPE_MIN_BYTES per message (these small cases) and from there on read
+and written in place by MPI through derived datatypes ("datatype").  The adjoint
+sums what it receives, so its receives are always packed ("packed"; its sends
+still go direct or through datatypes).
 """
 import gc
 
@@ -51,9 +52,9 @@ def _round_trip(comm, dims, window, data=None):
 
 @pytest.mark.parametrize("case, expect", [
     (ROWS, ("direct", "packed" if P > 1 else "direct")),
-    (COLUMNS, ("datatype", "packed") if P > 1 else ("direct", "direct")),
+    (COLUMNS, ("packed", "packed") if P > 1 else ("direct", "direct")),
 ])
-def test_host_transport_is_direct_for_whole_rows_else_datatype(comm, case, expect):
+def test_host_transport_is_direct_for_whole_rows_else_packed(comm, case, expect):
     before, after, ok = _round_trip(comm, *case)
     assert agree(comm, ok)
     assert before == (None, None)  # nothing bound before the first call
@@ -109,6 +110,12 @@ def test_transport_direction_is_checked(comm):
 
 
 # -- the datatype transport ------------------------------------------------------
+
+
+@pytest.fixture
+def datatypes_always(monkeypatch):
+    """Every strided host box travels as a datatype, however small."""
+    monkeypatch.setattr(exchange_mod, "DATATYPE_MIN_BYTES", 0)
 
 
 def _packing_only(monkeypatch):
@@ -168,23 +175,24 @@ def _run_both(comm, seed, dtype, windows, accumulate, monkeypatch):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("windows", ["columns", "halo", "other-grid", "arbitrary"])
 @pytest.mark.parametrize("accumulate", [False, True])
-@pytest.mark.parametrize("flat", [False, True])
+@pytest.mark.parametrize("min_bytes", [0, 200])
 @pytest.mark.parametrize("seed", range(3))
-def test_datatype_path_equals_packed_path_bitwise(comm, monkeypatch, dtype, windows, accumulate, flat, seed):
-    # Both encodings of a strided box: the subarray over the array's axes and the flattened one.
-    monkeypatch.setattr(exchange_mod, "DATATYPE_FLAT_BYTES", 0 if flat else 1 << 60)
+def test_datatype_path_equals_packed_path_bitwise(comm, monkeypatch, dtype, windows, accumulate, min_bytes, seed):
+    # Every strided box a datatype (0), or the small ones packed and the others datatypes (200).
+    monkeypatch.setattr(exchange_mod, "DATATYPE_MIN_BYTES", min_bytes)
     out = _run_both(comm, 1000 + seed, dtype, windows, accumulate, monkeypatch)
     (f1, a1, *t1, ok1), (f2, a2, *t2, ok2) = out["datatype"], out["packed"]
     same = f1.tobytes() == f2.tobytes() and a1.tobytes() == a2.tobytes()
     # A rank that sums nothing in the adjoint (no receives) sends its strided boxes as datatypes.
-    named = (t1[0] in ("datatype", "direct") and t1[1] in ("datatype", "packed", "direct")
+    fwd_names = ("datatype", "direct") if min_bytes == 0 else ("datatype", "packed", "direct")
+    named = (t1[0] in fwd_names and t1[1] in ("datatype", "packed", "direct")
              and t2[0] in ("packed", "direct") and t2[1] in ("packed", "direct"))
     assert agree(comm, ok1 and ok2), "a window differs from the global array"
     assert agree(comm, same), "the datatype and packed paths differ"
     assert agree(comm, named), f"transports {t1} (datatype path), {t2} (packed path)"
 
 
-def test_column_halos_of_a_1xP_grid_travel_as_datatypes(comm):
+def test_column_halos_of_a_1xP_grid_travel_as_datatypes(comm, datatypes_always):
     """Every message of the forward call is a direct view or a committed datatype; none is packed."""
     _, arr = _filled(comm, *COLUMNS)
     plan = ExchangePlan.between(arr, arr)
@@ -201,7 +209,7 @@ def test_column_halos_of_a_1xP_grid_travel_as_datatypes(comm):
     assert (plan.transport("forward") == "datatype") == (P > 1)
 
 
-def test_datatypes_are_freed_with_the_plan(comm):
+def test_datatypes_are_freed_with_the_plan(comm, datatypes_always):
     _, arr = _filled(comm, *COLUMNS)
     plan = ExchangePlan.between(arr, arr)
     plan.exchange(arr, arr)
@@ -221,7 +229,7 @@ def test_datatypes_are_freed_with_the_plan(comm):
     assert len(types) == len(again) == (0 if P == 1 else len(types))
 
 
-def test_free_while_in_flight_is_refused(comm):
+def test_free_while_in_flight_is_refused(comm, datatypes_always):
     _, arr = _filled(comm, *COLUMNS)
     plan = ExchangePlan.between(arr, arr)
     pending = plan.start(arr, arr)
@@ -231,7 +239,7 @@ def test_free_while_in_flight_is_refused(comm):
     plan.free()
 
 
-def test_dtype_without_mpi_type_is_packed(comm, monkeypatch):
+def test_dtype_without_mpi_type_is_packed(comm, monkeypatch, datatypes_always):
     """Without an MPI element type for the dtype, strided boxes fall back to packing."""
     with monkeypatch.context() as m:
         _packing_only(m)
@@ -240,7 +248,7 @@ def test_dtype_without_mpi_type_is_packed(comm, monkeypatch):
     assert after == (("packed", "packed") if P > 1 else ("direct", "direct"))
 
 
-def test_fake_device_arrays_still_pack(comm, fake_device):  # noqa: F811 - the fixture
+def test_fake_device_arrays_still_pack(comm, fake_device, datatypes_always):  # noqa: F811 - the fixture
     """Device arrays never use derived datatypes (very slow on device memory): their boxes are packed."""
     grid, arr = _filled(comm, *COLUMNS)
     data = fake_xp.zeros(arr.window.shape, np.float64)
@@ -255,3 +263,25 @@ def test_fake_device_arrays_still_pack(comm, fake_device):  # noqa: F811 - the f
     assert agree(comm, ok)
     assert plan._types == [] and ways <= {"slot"}
     assert plan.transport("forward") in ("staged", "cuda-aware")
+
+
+@pytest.mark.parametrize("dtype, expect", [(np.float64, "datatype"), (np.float32, "packed")])
+def test_default_threshold_sends_large_column_strips_as_datatypes(comm, dtype, expect):
+    """With the default DATATYPE_MIN_BYTES (1 MiB) a 1 MiB column strip travels as a datatype,
+    a 0.5 MiB one packed."""
+    shape = (1024, 4 * P, 8, 16)  # a column of width 1: 1024 * 128 elements, 1 MiB of float64
+    gbox = Box.from_shape(shape)
+    grid = ProcessGrid(comm, (1, P))
+    x = np.random.default_rng(5).standard_normal(shape).astype(dtype)
+    arr = DistArray.on_grid(grid, shape, dtype, window=lambda b: grow(b, (0, 1), (0, 1), gbox))
+    arr.data[...] = np.nan
+    arr.owned_data[...] = x[arr.owned.slices_in(gbox)]
+    plan = ExchangePlan.between(arr, arr)
+    plan.exchange(arr, arr)
+    ok = np.array_equal(arr.data, x[arr.window.slices_in(gbox)])
+    n_types = len(plan._types)
+    plan.free()
+    grid.free()
+    assert agree(comm, ok)
+    assert plan.transport("forward") == (expect if P > 1 else "direct")
+    assert n_types == (len(plan.sends) + len(plan.recvs) if expect == "datatype" else 0)
