@@ -24,7 +24,7 @@ def test_peer_on_a_small_shape_agrees_or_reports():
     (row,) = res["results"]
     assert set(row["ops"]) == PASSES
     if not have:
-        assert "not importable" in log.getvalue()
+        assert "neither PyTorch nor JAX is importable" in log.getvalue()
         return
     for name, rec in row["ops"].items():
         for peer, pr in rec["peers"].items():
