@@ -299,8 +299,15 @@ _MPI_TYPES = {np.dtype(t): m for t, m in ((np.float32, MPI.FLOAT), (np.float64, 
 class _Pending:
     """A started exchange: call :meth:`wait` before touching either array."""
 
-    def __init__(self, finish):
+    def __init__(self, finish, requests=()):
         self._finish = finish
+        self._requests = list(requests)
+
+    def progress(self) -> None:
+        """Let MPI move the messages along (work between ``start`` and ``wait`` calls this now and
+        then: without an asynchronous progress thread, a large message moves only inside MPI calls)."""
+        if self._finish is not None and self._requests:
+            MPI.Request.Testall(self._requests)
 
     def wait(self) -> None:
         if self._finish is not None:
@@ -526,7 +533,7 @@ class ExchangePlan:
         self._in_flight.add(direction)
         mine = self._copy_self(route, src, dst, add, zero)  # while the messages travel
         self.seconds += time.perf_counter() - t_start
-        return _Pending(lambda: self._finish(direction, route, reqs, dst, add, zero, mine))
+        return _Pending(lambda: self._finish(direction, route, reqs, dst, add, zero, mine), reqs)
 
     def _check_idle(self, direction: str) -> None:
         """Refuse a second call of a direction before the first is waited for."""
