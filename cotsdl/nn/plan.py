@@ -15,7 +15,7 @@ operation (:meth:`NetworkPlan.adjoint`), the decoder of an autoencoder.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 import numpy as np
@@ -26,23 +26,15 @@ from ..array.distarray import DistArray
 from ..array.exchange import ExchangePlan
 from ..array.grid import ProcessGrid
 from .layers import Context
-from .layout import layout, split_units, unit_output_box
+from .layout import LayerBoxes, layout, split_units, unit_output_box
 from .network import Network, init_weights
 
 
-@dataclass
-class LayerPlan:
-    """A layer's boxes on this rank (see :class:`~cotsdl.nn.layout.LayerBoxes`) and its exchange."""
+@dataclass(frozen=True)
+class LayerPlan(LayerBoxes):
+    """A layer's boxes on this rank (:class:`~cotsdl.nn.layout.LayerBoxes`) and its exchange."""
 
-    layer: Any
-    index: int
-    in_shape: tuple[int, int, int, int]
-    out_shape: tuple[int, int, int, int]
-    src_owned: Box  # what this rank owns of the layer's input
-    window: Box  # the input window this rank needs
-    out: Box  # the output box this rank owns
-    sites: Box  # the units (2-D) this rank owns
-    exchange: ExchangePlan
+    exchange: ExchangePlan | None = None
     #: (interior units, border strips) when the forward overlaps its exchange, else None
     split: tuple[Box, list[Box]] | None = None
 
@@ -102,8 +94,7 @@ class NetworkPlan:
             if lb.layer.kind in ("filter", "pool") and ex.messages_received:  # LCN's per-image mean is global
                 inner, strips = split_units(lb.layer, lb.in_shape, lb.sites, ex.self_box)
                 split = (inner, strips) if not inner.is_empty else None
-            self.layers.append(LayerPlan(lb.layer, lb.index, lb.in_shape, lb.out_shape, lb.src_owned, lb.window,
-                                         lb.out, lb.sites, ex, split))
+            self.layers.append(LayerPlan(**{f.name: getattr(lb, f.name) for f in fields(lb)}, exchange=ex, split=split))
         self.output_owned = boxes[-1].out
         self.output_shape = boxes[-1].out_shape
 
