@@ -149,9 +149,13 @@ def _scaling(args) -> int:
     network = Network.from_description(cfg["network"])
     tc = cfg["train"]
     _setup_backend(cfg, comm)
-    predict = None
+    predict, err = None, None
     if args.machine:
-        predict = _predictor(network, cfg, args.machine, args.stage)
+        try:
+            predict = _predictor(network, cfg, args.machine, args.stage)
+        except ValueError as e:  # every rank reads the same file: one agreed message
+            err = str(e)
+    raise_collectively(comm, err)
     batch = cfg["data"]["batch"] * cfg["parallel"]["replicas"]
     res = scaling.run(comm, network, lambda: make_optimizer(tc["optimizer"], tc["schedule"]), batch=batch,
                       stage=args.stage, steps=args.steps, warmup=args.warmup, replicas=args.replicas,
@@ -172,13 +176,13 @@ def _predictor(network, cfg, machine_arg: str, stage: int):
     except ImportError as e:  # pragma: no cover - the planner ships with the package
         raise ValueError(f"--machine needs the run planner (cotsdl.planner), which does not import: {e}") from None
     machine = planner.load_machine(machine_arg)
-    slots = {"adam": 2, "momentum": 1, "nesterov": 1, "lars": 1, "lamb": 2, "rmsprop": 1, "adagrad": 1}.get(
-        cfg["train"]["optimizer"]["kind"], 0)
+    slots = planner.optimizer_slots(cfg["train"]["optimizer"])
 
     def predict(p, replicas, dims, overlap):
         return planner.predict_step(network, cfg["data"]["batch"] * cfg["parallel"]["replicas"] // replicas, p,
                                     dims, replicas, machine, stage=stage, dtype=cfg["train"]["dtype"],
-                                    optimizer_slots=slots, ranks_per_node=p)["seconds"]
+                                    optimizer_slots=slots, ranks_per_node=p, tied=cfg["train"]["tied"],
+                                    overlap=overlap)["seconds"]
     return predict
 
 

@@ -51,3 +51,14 @@ def test_bad_arguments_are_one_clear_error(cfg, args, message):
 def test_a_missing_config_is_named(tmp_path):
     res = bench(str(tmp_path / "nope.toml"))
     assert res.returncode == 2 and "nope.toml" in res.stderr
+
+
+def test_the_planner_prediction_is_printed_beside_the_measurement(cfg, tmp_path):
+    out = tmp_path / "s.json"
+    res = bench(str(cfg), "--steps", "2", "--warmup", "0", "--overlap", "on", "--machine", "gtx680-fdr",
+                "--json", str(out), ranks=1)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (m,) = json.loads(out.read_text())["results"]
+    assert m["predicted_s"] > 0 and m["ratio"] == pytest.approx(m["predicted_s"] / m["step_s"])
+    bad = bench(str(cfg), "--machine", "k80", ranks=2)
+    assert bad.returncode == 2 and "k80" in bad.stderr and bad.stderr.count("cotsdl: error") == 1
