@@ -34,8 +34,17 @@ def test_forward_matches_loops(case, dtype):
     np.testing.assert_allclose(y, ref_filter(x.astype(float), w.astype(float), stride, block), rtol=tol, atol=tol)
 
 
+@pytest.fixture(params=["by_site", "by_window_offset"])
+def scatter(request, monkeypatch):
+    """Backward-data's two scatter orders (chosen by the size of a receptive-field row)."""
+    from cotsdl.ops.cpu import filter as cpu_filter
+
+    monkeypatch.setattr(cpu_filter, "SMALL_ROW", 0 if request.param == "by_site" else 1 << 40)
+    return request.param
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_adjoint_identity(case):
+def test_adjoint_identity(case, scatter):
     x, w, size, stride, block = make(case, np.float64, seed=1)
     y = ops.local_filter(x, w, stride, block)
     r = np.random.default_rng(2).standard_normal(y.shape)
@@ -46,7 +55,7 @@ def test_adjoint_identity(case):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_gradients_by_finite_differences(case):
+def test_gradients_by_finite_differences(case, scatter):
     x, w, size, stride, block = make(case, np.float64, seed=3)
     r = np.random.default_rng(4).standard_normal(ops.local_filter(x, w, stride, block).shape)
     loss = lambda x_, w_: np.sum(ops.local_filter(x_, w_, stride, block) * r)  # noqa: E731
