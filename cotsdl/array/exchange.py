@@ -78,15 +78,8 @@ def private_comm(comm: MPI.Comm) -> MPI.Comm:
 class _Pending:
     """A started exchange: call :meth:`wait` before touching either array."""
 
-    def __init__(self, finish, requests=()):
+    def __init__(self, finish):
         self._finish = finish
-        self._requests = list(requests)
-
-    def progress(self) -> None:
-        """Let MPI move the messages along (work between ``start`` and ``wait`` calls this now and
-        then: without an asynchronous progress thread, a large message moves only inside MPI calls)."""
-        if self._finish is not None and self._requests:
-            MPI.Request.Testall(self._requests)
 
     def wait(self) -> None:
         if self._finish is not None:
@@ -312,7 +305,7 @@ class ExchangePlan:
         self._in_flight.add(direction)
         mine = self._copy_self(route, src, dst, add, zero)  # while the messages travel
         self.seconds += time.perf_counter() - t_start
-        return _Pending(lambda: self._finish(direction, route, reqs, dst, add, zero, mine), reqs)
+        return _Pending(lambda: self._finish(direction, route, reqs, dst, add, zero, mine))
 
     def _check_idle(self, direction: str) -> None:
         """Refuse a second call of a direction before the first is waited for."""

@@ -59,6 +59,7 @@ from ..array.collective import raise_collectively
 from ..nn.network import Network
 from ..ops import costs
 from .exchange import pingpong
+from .common import wait_idle
 from .layers import best_time, sgemm_ceiling
 
 # The network of jobs/configs/demo.toml (copied: an installed package has no jobs/ folder).
@@ -242,13 +243,6 @@ def halo_exchange(comm, shape, halo: int, repeats: int) -> dict[str, Any]:
 
 
 # -- the run ----------------------------------------------------------------------------------
-def _wait_idle(comm) -> None:
-    """Barrier for ranks that have nothing to do: poll with sleeps so no core spins."""
-    req = comm.Ibarrier()
-    while not req.Test():
-        time.sleep(0.005)
-
-
 def _measure_compute(repeats: int, quick: bool, say) -> dict[str, Any]:
     cores = ops.available_cores()
     prev = ops.num_threads()
@@ -309,7 +303,7 @@ def _one_thread_passes(comm: MPI.Comm, hosts: list[str], comp: dict[str, Any], r
         sub.Free()
         comm.Ibarrier().Wait()
     else:
-        _wait_idle(comm)
+        wait_idle(comm)
     comp["rows"] += comm.bcast(rows if rank == 0 else None, root=0)
     comp["thread_counts"].append(1)
     comp["busy_1thread"] = len(busy)
@@ -335,7 +329,7 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
             err = f"calibration failed on rank 0: {type(e).__name__}: {e}"
         comm.Ibarrier().Wait()  # matches the others' Ibarrier (a blocking Barrier would not)
     else:
-        _wait_idle(comm)
+        wait_idle(comm)
     raise_collectively(comm, err, RuntimeError)
     comp = comm.bcast(comp, root=0)
     if comp["cores"] > 1 and not quick:
@@ -391,7 +385,7 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
             pair.Free()
             comm.Ibarrier().Wait()
         else:
-            _wait_idle(comm)
+            wait_idle(comm)
         times = comm.bcast(times if rank == 0 else None, root=0)
         what = f"MPI ping-pong ranks 0-1 ({'same host' if hosts[0] == hosts[1] else 'two hosts'})"
     else:

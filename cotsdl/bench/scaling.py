@@ -9,9 +9,8 @@ machine description, the planner's predicted step time beside the measured one.
 """
 from __future__ import annotations
 
-import os
+import io
 import sys
-import time
 from typing import Any, Callable
 
 import numpy as np
@@ -22,6 +21,7 @@ from ..array.collective import allreduce
 from ..array.partition import choose_grid
 from ..nn.network import Network
 from ..train import GreedyTrainer, InMemorySource
+from .common import wait_idle
 
 
 def rank_counts(world: int) -> list[int]:
@@ -33,20 +33,13 @@ def rank_counts(world: int) -> list[int]:
     return out + [world]
 
 
-def _wait_idle(comm: MPI.Comm) -> None:
-    """A barrier that sleeps: idle ranks must not busy-poll cores the timed ranks use."""
-    req = comm.Ibarrier()
-    while not req.Test():
-        time.sleep(0.005)
-
-
 def _steps(sub: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], batch: int, replicas: int,
            dims: tuple[int, int], overlap: bool, stage: int, steps: int, warmup: int, kw: dict[str, Any]) -> dict:
     """Time ``steps`` training steps of ``stage`` on ``sub``; per-step maxima over its ranks."""
     rng = np.random.default_rng(0)
     images = rng.standard_normal((2 * batch * replicas,) + network.input_shape).astype(np.float32)
     tr = GreedyTrainer(network, InMemorySource(images), make_optimizer(), comm=sub, batch=batch, replicas=replicas,
-                       grid=dims, overlap=overlap, log_every=0, log=open(os.devnull, "w"), **kw)
+                       grid=dims, overlap=overlap, log_every=0, log=io.StringIO(), **kw)
     if warmup:
         tr.train_stage(stage, warmup)
     recs = tr.train_stage(stage, steps)
@@ -96,7 +89,7 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
                     mine.append(m)
             sub.Free()
             ops.set_num_threads(None)
-        _wait_idle(comm)
+        wait_idle(comm)
         mine = comm.bcast(mine, root=0)  # rank 0 is in every setting
         for m in mine:
             if m["ranks"] == 1:

@@ -39,23 +39,6 @@ class LayerPlan(LayerBoxes):
     split: tuple[Box, list[Box]] | None = None
 
 
-BANDS = 4  # pieces of a layer's interior, with MPI progress between them
-
-
-def _bands(units: Box, n: int) -> list[Box]:
-    """``units`` cut into up to ``n`` bands of rows (or of columns when it has fewer rows)."""
-    axis = 0 if units.shape[0] >= units.shape[1] else 1
-    length = units.shape[axis]
-    cuts = [units.lo[axis] + length * k // n for k in range(n + 1)]
-    out = []
-    for a, b in zip(cuts, cuts[1:]):
-        if b > a:
-            lo, hi = list(units.lo), list(units.hi)
-            lo[axis], hi[axis] = a, b
-            out.append(Box(tuple(lo), tuple(hi)))
-    return out
-
-
 @dataclass
 class Tape:
     """What a forward pass over layers ``first, first + 1, ...`` keeps for the backward pass."""
@@ -184,9 +167,7 @@ class NetworkPlan:
         pending = lp.exchange.start(x, win, validate=False)  # this rank's own part lands at once
         y = xp.empty(lp.out.shape, self.dtype)
         inner, strips = lp.split
-        for band in _bands(inner, BANDS):  # MPI gets a word in between (no progress thread)
-            self._forward_units(lp, win.data, y, band, params)
-            pending.progress()
+        self._forward_units(lp, win.data, y, inner, params)
         pending.wait()
         for units in strips:
             self._forward_units(lp, win.data, y, units, params)

@@ -26,6 +26,7 @@ from .. import backend
 from ..array.collective import sum_values
 from ..array.distarray import DistArray
 from ..array.grid import ProcessGrid
+from ..checks import pair
 from ..nn.layers import LCN, L2Pool, LocalFilter
 from ..nn.network import Network, Stage
 from ..nn.plan import NetworkPlan
@@ -110,10 +111,10 @@ def sparse_ae_loss(x, w, *, stride, block=(1, 1), pool_size, pool_stride, lam, e
     """
     if not float(eps) > 0:
         raise ValueError(f"eps must be > 0 (it keeps the pooled sparsity differentiable), got {eps!r}")
-    block = tuple(block) if not np.isscalar(block) else (block, block)
-    plan = _one_process_plan(tuple(x.shape), tuple(w.shape[3:5]), tuple(np.broadcast_to(stride, 2).tolist()),
-                             block, w.shape[2] // (block[0] * block[1]), tuple(np.broadcast_to(pool_size, 2).tolist()),
-                             tuple(np.broadcast_to(pool_stride, 2).tolist()), float(eps), np.dtype(x.dtype).name)
+    block = pair("block", block)
+    plan = _one_process_plan(tuple(x.shape), tuple(w.shape[3:5]), pair("stride", stride), block,
+                             w.shape[2] // (block[0] * block[1]), pair("pool_size", pool_size),
+                             pair("pool_stride", pool_stride), float(eps), np.dtype(x.dtype).name)
     xin = plan.input_array(backend.array_module(x).ascontiguousarray(x))
     out = StageObjective(plan, 0, lam).value_and_grad(xin, w, w_dec)
     return (out[0].total,) + tuple(out[1:])
