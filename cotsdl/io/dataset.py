@@ -5,6 +5,14 @@ A dataset file holds
 - ``images``: (N, H, W, C) or (N, H, W), uint8, float32 or float64, any chunking
   and compression (the writer makes one image per chunk);
 - ``labels`` (optional): (N,) integers (the ``faces`` set: 1 = face, 0 = distractor);
+- ``groups`` (optional): (N,) integers, the unit of bootstrap resampling in the
+  evaluation: images of one group (the views of one face identity, and the
+  distractors made from it) are drawn together. Absent: each image is its own group;
+- ``kinds`` (optional): (N,) integers, each image's kind as a code into the JSON list
+  in its attribute ``kind_names`` (e.g. ``["face", "lfw_nonface", ...]``), so that
+  each kind of distractor can be scored on its own. Where the names hold ``"face"``,
+  exactly the images of that kind have label 1. Absent: "face" for label 1,
+  "distractor" for the others;
 - ``image_mean``, ``image_std``: (N,) float64 per-image statistics of the pixel
   values *as the reader returns them* (uint8 scaled to [0, 1]) over all pixels and
   channels, so that every rank can standardize its own window of an image without
@@ -28,10 +36,29 @@ import numpy as np
 
 FORMAT_VERSION = 1
 DTYPES = (np.dtype(np.uint8), np.dtype(np.float32), np.dtype(np.float64))
+#: What the reader reports for a labeled file without ``kinds``: label 1, then the rest.
+DEFAULT_KIND_NAMES = ("face", "distractor")
 
 
 class DatasetError(ValueError):
     """A dataset file that cannot be used; the message names the file and what is wrong."""
+
+
+def kind_names_problem(names: Any) -> str | None:
+    """Why ``names`` cannot be the ``kind_names`` of a file (None: it can): distinct non-empty strings,
+    at most 127 (the codes are int8)."""
+    if not isinstance(names, (list, tuple)) or not 1 <= len(names) <= 127:
+        return f"'kind_names' must be a list of 1 to 127 names, got {names!r}"
+    if not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+        return f"'kind_names' must be distinct non-empty strings, got {list(names)!r}"
+    return None
+
+
+def _bad_codes(codes: np.ndarray, names: Sequence[str]) -> str | None:
+    bad = (codes < 0) | (codes >= len(names))
+    if bad.any():
+        return f"'kinds' must be codes 0..{len(names) - 1} of kind_names {list(names)}, found {int(codes[bad][0])}"
+    return None
 
 
 def pixel_scale(dtype: Any) -> float:
@@ -62,14 +89,21 @@ class DatasetWriter:
     labels : bool
         Whether ``add`` receives labels.
     compression : None, "gzip" or "lzf"
+    groups : bool
+        Whether ``add`` receives groups.
+    kind_names : sequence of str, optional
+        The names of the kind codes that ``add`` receives (None: no ``kinds``).
 
     Use as a context manager; on an exception the temporary file is removed.
     """
 
     def __init__(self, path: str | os.PathLike, count: int, image_shape: Sequence[int], dtype: Any = np.uint8,
-                 recipe: dict[str, Any] | None = None, labels: bool = False, compression: str | None = None):
+                 recipe: dict[str, Any] | None = None, labels: bool = False, compression: str | None = None,
+                 groups: bool = False, kind_names: Sequence[str] | None = None):
         self.path = Path(path)
         dtype = np.dtype(dtype)
+        if kind_names is not None and kind_names_problem(list(kind_names)):
+            raise DatasetError(f"{self.path}: {kind_names_problem(list(kind_names))}")
         if dtype not in DTYPES:
             raise DatasetError(f"{self.path}: images must be uint8, float32 or float64, got {dtype}")
         if count < 1 or len(image_shape) not in (2, 3) or min(image_shape) < 1:
@@ -95,13 +129,19 @@ class DatasetWriter:
         self._images = self._file.create_dataset("images", shape, dtype, chunks=(1,) + shape[1:],
                                                  compression=compression)
         self._labels = self._file.create_dataset("labels", (self.count,), np.int64) if labels else None
+        self._groups = self._file.create_dataset("groups", (self.count,), np.int64) if groups else None
+        self._kinds, self.kind_names = None, None if kind_names is None else [str(n) for n in kind_names]
+        if kind_names is not None:
+            self._kinds = self._file.create_dataset("kinds", (self.count,), np.int8)
+            self._kinds.attrs["kind_names"] = json.dumps(self.kind_names)
         self._mean = np.zeros(self.count)
         self._std = np.zeros(self.count)
         self._file.attrs["cotsdl_format"] = FORMAT_VERSION
         self._file.attrs["recipe"] = json.dumps(recipe or {}, sort_keys=True)
 
-    def add(self, images: np.ndarray, labels: Sequence[int] | None = None) -> None:
-        """Append (n, H, W[, C]) images (and their labels)."""
+    def add(self, images: np.ndarray, labels: Sequence[int] | None = None, groups: Sequence[int] | None = None,
+            kinds: Sequence[int] | None = None) -> None:
+        """Append (n, H, W[, C]) images (and their labels, groups and kind codes)."""
         images = np.asarray(images)
         if images.ndim == len(self._images.shape) - 1:
             images = images[None]
@@ -114,13 +154,30 @@ class DatasetWriter:
         k = len(images)
         if self.n + k > self.count:
             raise DatasetError(f"{self.path}: more than the {self.count} images announced")
-        if (labels is None) != (self._labels is None):
-            raise DatasetError(f"{self.path}: labels {'missing' if labels is None else 'not expected'}")
+        columns = {"labels": (labels, self._labels), "groups": (groups, self._groups), "kinds": (kinds, self._kinds)}
+        values = {key: self._column(key, v, d, k) for key, (v, d) in columns.items()}
         self._images[self.n:self.n + k] = images
-        if labels is not None:
-            self._labels[self.n:self.n + k] = np.asarray(labels, np.int64).reshape(k)
+        for key, v in values.items():
+            if v is not None:
+                columns[key][1][self.n:self.n + k] = v
         self._mean[self.n:self.n + k], self._std[self.n:self.n + k] = image_stats(images)
         self.n += k
+
+    def _column(self, key: str, values: Any, dataset: Any, k: int) -> np.ndarray | None:
+        """``values`` checked as k integers of the optional dataset ``key`` (None where it has none)."""
+        if (values is None) != (dataset is None):
+            raise DatasetError(f"{self.path}: {key} {'missing' if values is None else 'not expected'}")
+        if values is None:
+            return None
+        v = np.asarray(values)
+        if v.shape != (k,) or not (np.issubdtype(v.dtype, np.integer) or np.issubdtype(v.dtype, np.bool_)):
+            raise DatasetError(f"{self.path}: '{key}' of a batch of {k} images must be ({k},) integers, "
+                               f"got shape {v.shape} {v.dtype}")
+        v = v.astype(np.int64)
+        problem = _bad_codes(v, self.kind_names) if key == "kinds" else None
+        if problem:
+            raise DatasetError(f"{self.path}: {problem}")
+        return v
 
     def close(self) -> Path:
         """Finish the file and move it into place."""
@@ -163,15 +220,28 @@ class DatasetWriter:
 
 
 def write_dataset(path: str | os.PathLike, images: np.ndarray, labels: Sequence[int] | None = None,
-                  recipe: dict[str, Any] | None = None, compression: str | None = None) -> Path:
-    """Write (N, H, W[, C]) ``images`` (and labels) as a dataset file in one call."""
+                  recipe: dict[str, Any] | None = None, compression: str | None = None,
+                  groups: Sequence[int] | None = None, kinds: Sequence[int] | None = None,
+                  kind_names: Sequence[str] | None = None) -> Path:
+    """Write (N, H, W[, C]) ``images`` (and labels, groups, kinds) as a dataset file in one call.
+
+    ``kinds`` are codes into ``kind_names`` (both or neither).
+    """
     images = np.asarray(images)
     if images.ndim not in (3, 4):
         raise DatasetError(f"{path}: images must be (N, H, W) or (N, H, W, C), got shape {images.shape}")
+    if (kinds is None) != (kind_names is None):
+        raise DatasetError(f"{path}: 'kinds' and 'kind_names' go together, got only "
+                           f"{'kind_names' if kinds is None else 'kinds'}")
+    columns = {"labels": labels, "groups": groups, "kinds": kinds}
+    for key, v in columns.items():
+        if v is not None and np.shape(v) != (len(images),):
+            raise DatasetError(f"{path}: '{key}' must be ({len(images)},), one per image, got shape {np.shape(v)}")
     with DatasetWriter(path, len(images), images.shape[1:], images.dtype, recipe, labels is not None,
-                       compression) as w:
+                       compression, groups is not None, kind_names) as w:
         for i in range(0, len(images), 256):
-            w.add(images[i:i + 256], None if labels is None else np.asarray(labels)[i:i + 256])
+            w.add(images[i:i + 256], **{k: None if v is None else np.asarray(v)[i:i + 256]
+                                        for k, v in columns.items()})
     return Path(path)
 
 
@@ -187,6 +257,9 @@ class DatasetInfo:
     chunks: tuple[int, ...] | None = None
     compression: str | None = None
     labels: dict[str, int] | None = None
+    groups: int | None = None
+    kind_names: list[str] | None = None
+    kinds: dict[str, int] | None = None
     has_stats: bool = False
     format_version: int | None = None
     recipe: Any = None
@@ -201,6 +274,10 @@ class DatasetInfo:
                          f"chunks {self.chunks}, compression {self.compression})")
         if self.labels is not None:
             lines.append("  labels: " + ", ".join(f"{k}: {v}" for k, v in sorted(self.labels.items())))
+        if self.kinds is not None:
+            lines.append("  kinds: " + ", ".join(f"{k}: {v}" for k, v in self.kinds.items()))
+        if self.groups is not None:
+            lines.append(f"  groups: {self.groups} (the unit of bootstrap resampling)")
         lines.append("  per-image statistics: yes" if self.has_stats else "  per-image statistics: no (preprocessing "
                      f"needs them: cotsdl prepare-data stats {self.path})")
         if self.recipe:
@@ -271,10 +348,51 @@ def _inspect_open(f: h5py.File, info: DatasetInfo) -> None:
         else:
             values, counts = np.unique(lab[()], return_counts=True)
             info.labels = {str(int(k)): int(c) for k, c in zip(values, counts)}
+    _inspect_groups(f, info)
+    _inspect_kinds(f, info)
     stats = [f.get(k) for k in ("image_mean", "image_std")]
     info.has_stats = all(isinstance(s, h5py.Dataset) and s.shape == (info.count,) for s in stats)
     if any(s is not None for s in stats) and not info.has_stats:
         info.problems.append(f"'image_mean'/'image_std' must both be ({info.count},) arrays")
+
+
+def _column(f: h5py.File, key: str, info: DatasetInfo) -> np.ndarray | None:
+    """The optional (N,) integer dataset ``key`` as int64, or None (absent, or malformed: a problem)."""
+    if key not in f:
+        return None
+    d = f[key]
+    if not isinstance(d, h5py.Dataset) or d.shape != (info.count,) or not np.issubdtype(d.dtype, np.integer):
+        info.problems.append(f"'{key}' must be ({info.count},) integers, got "
+                             f"{getattr(d, 'shape', 'a group')} {getattr(d, 'dtype', '')}")
+        return None
+    return d[()].astype(np.int64)
+
+
+def _inspect_groups(f: h5py.File, info: DatasetInfo) -> None:
+    groups = _column(f, "groups", info)
+    if groups is not None:
+        info.groups = int(len(np.unique(groups)))
+
+
+def _inspect_kinds(f: h5py.File, info: DatasetInfo) -> None:
+    codes = _column(f, "kinds", info)
+    if codes is None:
+        return
+    try:
+        names = json.loads(f["kinds"].attrs.get("kind_names", "null"))
+    except (TypeError, ValueError):
+        names = str(f["kinds"].attrs.get("kind_names"))
+    problem = kind_names_problem(names) or _bad_codes(codes, names)
+    if problem is None and "face" in names and info.labels is not None:
+        disagree = int(np.sum((codes == names.index("face")) != (f["labels"][()] == 1)))
+        if disagree:
+            problem = f"'kinds' and 'labels' disagree on {disagree} image(s): kind \"face\" is label 1, no other"
+    if problem:
+        info.problems.append(problem)
+        return
+    info.kind_names = list(names)
+    counts = np.bincount(codes, minlength=len(names))
+    info.kinds = {n: int(c) for n, c in zip(names, counts)}
 
 
 def check_for_network(info: DatasetInfo, input_shape: Sequence[int], global_batch: int | None = None,

@@ -22,7 +22,7 @@ import h5py
 import numpy as np
 
 from ..array.box import Box
-from .dataset import DatasetError, check_for_network, inspect, pixel_scale
+from .dataset import DEFAULT_KIND_NAMES, DatasetError, check_for_network, inspect, pixel_scale
 from .order import StreamOrder
 
 PREPROCESS = ("standardize", "center", "none")
@@ -114,10 +114,37 @@ class HDF5Source:
         """The ``labels`` dataset (N,), or None when the file has none."""
         if self.info.labels is None:
             return None
+        return self._column("labels")
+
+    def groups(self) -> np.ndarray:
+        """(N,) int64: each image's group, the unit of bootstrap resampling (the views of one
+        face identity share one): the ``groups`` dataset, or ``arange(N)`` (each image its own
+        group) when the file has none."""
+        if self.info.groups is None:
+            return np.arange(self.info.count, dtype=np.int64)
+        return self._column("groups")
+
+    @property
+    def kind_names(self) -> tuple[str, ...] | None:
+        """Names of the codes :meth:`kinds` returns; for a labeled file without ``kinds``
+        ``("face", "distractor")``; None for an unlabeled one."""
+        if self.info.kind_names is not None:
+            return tuple(self.info.kind_names)
+        return None if self.info.labels is None else DEFAULT_KIND_NAMES
+
+    def kinds(self) -> np.ndarray | None:
+        """(N,) int64 codes into :attr:`kind_names`: the ``kinds`` dataset; for a labeled file
+        without one, 0 ("face") for label 1 and 1 ("distractor") otherwise; None when unlabeled."""
+        if self.info.kind_names is not None:
+            return self._column("kinds")
+        labels = self.labels()
+        return None if labels is None else np.where(labels == 1, 0, 1).astype(np.int64)
+
+    def _column(self, key: str) -> np.ndarray:
         try:
-            return self._file["labels"][()].astype(np.int64)
+            return self._file[key][()].astype(np.int64)
         except OSError as e:
-            raise DatasetError(f"dataset {self.path}: cannot read 'labels' (truncated or corrupt?): {e}") from None
+            raise DatasetError(f"dataset {self.path}: cannot read '{key}' (truncated or corrupt?): {e}") from None
 
     def close(self) -> None:
         if self._pool is not None:

@@ -1,4 +1,7 @@
 """The HDF5 dataset format and its reader on one process: windows, order, preprocessing, bad files."""
+import json
+import re
+
 import h5py
 import numpy as np
 import pytest
@@ -199,3 +202,79 @@ def test_corrupt_chunks_are_named(tmp_path):
     with pytest.raises(DatasetError, match=r"c\.h5: cannot read images 4\.\.7 \(truncated or corrupt\?\)"):
         src.read(4, 4, window((0, 0, 0), (9, 7, 2)))
     src.close()
+
+
+KIND_NAMES = ["face", "lfw_nonface", "photo_crop"]
+
+
+def labeled_set(path, n=12, **columns):
+    kinds = np.arange(n) % 3
+    args = dict(labels=(kinds == 0).astype(np.int64), groups=np.arange(n) // 2, kinds=kinds, kind_names=KIND_NAMES)
+    return write_dataset(path, images("uint8", n=n), **{**args, **columns})
+
+
+def test_groups_and_kinds_written_and_read_back(tmp_path):
+    labeled_set(tmp_path / "k.h5")
+    with h5py.File(tmp_path / "k.h5") as f:
+        assert f["kinds"].dtype == np.int8 and f["groups"].dtype == np.int64
+        assert json.loads(f["kinds"].attrs["kind_names"]) == KIND_NAMES
+    info = inspect(tmp_path / "k.h5")
+    assert info.problems == [] and info.groups == 6 and info.kinds == {"face": 4, "lfw_nonface": 4, "photo_crop": 4}
+    assert "kinds: face: 4, lfw_nonface: 4, photo_crop: 4" in info.summary() and "groups: 6" in info.summary()
+    with HDF5Source(tmp_path / "k.h5", shuffle=False) as src:
+        assert src.groups().dtype == np.int64 and np.array_equal(src.groups(), np.arange(12) // 2)
+        assert src.kinds().dtype == np.int64 and np.array_equal(src.kinds(), np.arange(12) % 3)
+        assert src.kind_names == tuple(KIND_NAMES)
+
+
+def test_groups_and_kinds_default_when_absent(tmp_path):
+    write_dataset(tmp_path / "l.h5", images("uint8", n=5), labels=[1, 0, 0, 1, 0])
+    with HDF5Source(tmp_path / "l.h5", shuffle=False) as src:
+        assert np.array_equal(src.groups(), np.arange(5)) and src.groups().dtype == np.int64  # each its own group
+        assert src.kind_names == ("face", "distractor") and np.array_equal(src.kinds(), [0, 1, 1, 0, 1])
+    write_dataset(tmp_path / "u.h5", images("uint8", n=5))
+    with HDF5Source(tmp_path / "u.h5", shuffle=False) as src:
+        assert src.kinds() is None and src.kind_names is None and np.array_equal(src.groups(), np.arange(5))
+    assert inspect(tmp_path / "u.h5").kinds is None and "  kinds:" not in inspect(tmp_path / "u.h5").summary()
+
+
+@pytest.mark.parametrize("columns, message", [
+    ({"kinds": np.full(12, 3)}, r"'kinds' must be codes 0\.\.2 of kind_names .*found 3"),
+    ({"kinds": np.full(12, -1)}, r"'kinds' must be codes 0\.\.2 .*found -1"),
+    ({"kind_names": ["face", "face", "x"]}, "'kind_names' must be distinct non-empty strings"),
+    ({"kind_names": None}, "'kinds' and 'kind_names' go together, got only kinds"),
+    ({"groups": np.arange(11)}, r"'groups' must be \(12,\), one per image, got shape \(11,\)"),
+    ({"groups": np.linspace(0, 1, 12)}, r"'groups' of a batch of 12 images must be \(12,\) integers.*float64"),
+])
+def test_writer_rejects_bad_groups_and_kinds(tmp_path, columns, message):
+    with pytest.raises(DatasetError, match=message) as e:
+        labeled_set(tmp_path / "bad.h5", **columns)
+    assert "bad.h5" in str(e.value) and list(tmp_path.iterdir()) == []
+
+
+def rewrite(path, key, value, attrs=None):
+    with h5py.File(path, "r+") as f:
+        old = dict(f[key].attrs) if key in f else {}
+        if key in f:
+            del f[key]
+        f[key] = value
+        for k, v in (attrs if attrs is not None else old).items():
+            f[key].attrs[k] = v
+
+
+@pytest.mark.parametrize("key, value, attrs, message", [
+    ("groups", np.arange(11), None, "'groups' must be (12,) integers, got (11,) int64"),
+    ("groups", np.zeros(12, np.float32), None, "'groups' must be (12,) integers, got (12,) float32"),
+    ("kinds", np.zeros((12, 1), np.int8), None, "'kinds' must be (12,) integers, got (12, 1) int8"),
+    ("kinds", np.full(12, 5, np.int8), None, "'kinds' must be codes 0..2 of kind_names"),
+    ("kinds", np.zeros(12, np.int8), {}, "'kind_names' must be a list of 1 to 127 names, got None"),
+    ("kinds", np.zeros(12, np.int8), {"kind_names": "not json"}, "'kind_names' must be a list"),
+    ("kinds", np.ones(12, np.int8), {"kind_names": json.dumps(KIND_NAMES)},
+     "'kinds' and 'labels' disagree on 4 image(s)"),  # the 4 faces are no kind "face"
+])
+def test_inspect_and_reader_reject_bad_groups_and_kinds(tmp_path, key, value, attrs, message):
+    path = labeled_set(tmp_path / "bad.h5")
+    rewrite(path, key, value, attrs)
+    assert any(message in p for p in inspect(path).problems), inspect(path).problems
+    with pytest.raises(DatasetError, match=r"bad\.h5.*" + re.escape(message)):
+        HDF5Source(path, preprocess="none")
