@@ -1,7 +1,7 @@
 """``cotsdl prepare-data``: build dataset files (one process, no MPI).
 
-    cotsdl prepare-data natural OUT --count N --size H W [--channels 1|3] [--mix-faces K] ...
-    cotsdl prepare-data faces OUT --size H W [--mixable M] [--distractor-crops D] ...
+    cotsdl prepare-data natural OUT --count N --size H W [--channels 1|3] [--face-fraction F | --mix-faces K] ...
+    cotsdl prepare-data faces OUT --size H W [--mixable M] [--views V] [--photo-crops D] ...
     cotsdl prepare-data folder SRC OUT --size H W [--mode crop|resize]
     cotsdl prepare-data synthetic OUT --count N --size H W [--dtype float32|uint8] [--labels]
     cotsdl prepare-data resize SRC OUT --size H W [--channels 1|3] [--mode crop|resize]
@@ -66,15 +66,27 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     n.add_argument("--scale", type=float, nargs=2, metavar=("LO", "HI"), default=[0.5, 1.0],
                    help="crop side as a fraction of the photo's shorter side (default 0.5 1.0)")
     n.add_argument("--no-flip", dest="flip", action="store_false", help="no random horizontal flips")
+    n.add_argument("--face-fraction", type=float, default=0.0, metavar="F",
+                   help="0 <= F < 1: round(F * count) images are augmented views (flip, shift, scale, rotation, "
+                        "contrast, brightness) of the mixable LFW faces (default 0)")
     n.add_argument("--mix-faces", type=_non_negative, default=0, metavar="K",
-                   help="mix this many LFW faces of the mixable part into the images (default 0)")
+                   help="mix this many LFW faces of the mixable part, unaugmented, into the images (default 0)")
     n.add_argument("--no-faces", action="store_true",
                    help="leave out every face (the photographs that show one): the no-face control's training set")
     face_split_options(n)
-    f = builder("faces", "labeled evaluation set: held-out LFW faces (1) vs non-faces and held-out photo crops (0)")
+    f = builder("faces", "labeled evaluation set: views of held-out LFW faces (1) vs LFW non-faces, held-out photo "
+                "crops, phase-scrambled faces and crops matched to a face's mean and contrast (0)")
     face_split_options(f)
-    f.add_argument("--distractor-crops", type=_non_negative, default=100, metavar="D",
-                   help="random crops of the held-out photographs among the distractors (default 100)")
+    f.add_argument("--views", type=_positive, default=8, metavar="V",
+                   help="augmented views of each held-out face (default 8: 400 faces with --mixable 50)")
+    f.add_argument("--lfw-nonfaces", type=_non_negative, default=100, metavar="K",
+                   help="LFW non-faces among the distractors, at most 100 (default 100)")
+    f.add_argument("--photo-crops", type=_non_negative, default=100, metavar="K",
+                   help="random crops of the held-out photographs (default 100)")
+    f.add_argument("--phase-scrambled", type=_non_negative, default=100, metavar="K",
+                   help="face views with random Fourier phases, same amplitude spectrum (default 100)")
+    f.add_argument("--matched-crops", type=_non_negative, default=100, metavar="K",
+                   help="held-out photo crops given the mean and contrast of a random face view (default 100)")
     builder("folder", "a folder of your own images", seed=False)
     s = builder("synthetic", "small generated images (blobs and gratings) for tests", count=True, mode=False)
     s.add_argument("--dtype", choices=["float32", "uint8"], default="float32")
@@ -103,10 +115,12 @@ def _build(args) -> str:
     if args.builder == "natural":
         builders.natural(args.out, args.count, seed=args.seed, scale=args.scale, flip=args.flip,
                          mix_faces=args.mix_faces, face_split_seed=args.face_split_seed, mixable=args.mixable,
-                         mode=args.mode, no_faces=args.no_faces, **common)
+                         mode=args.mode, no_faces=args.no_faces, face_fraction=args.face_fraction, **common)
     elif args.builder == "faces":
         builders.faces(args.out, seed=args.seed, face_split_seed=args.face_split_seed, mixable=args.mixable,
-                       distractor_crops=args.distractor_crops, mode=args.mode, **common)
+                       views=args.views, lfw_nonfaces=args.lfw_nonfaces, photo_crops=args.photo_crops,
+                       phase_scrambled=args.phase_scrambled, matched_crops=args.matched_crops, mode=args.mode,
+                       **common)
     elif args.builder == "folder":
         builders.folder(args.out, args.src, mode=args.mode, **common)
     elif args.builder == "resize":
@@ -126,6 +140,10 @@ def _describe(path: str) -> str:
     text = f"{path}: {info.count} images {h}x{w}x{c} {info.dtype}"
     if info.labels is not None:
         text += ", labels " + ", ".join(f"{k}: {v}" for k, v in sorted(info.labels.items()))
+    if info.kinds is not None:
+        text += " (" + ", ".join(f"{k} {v}" for k, v in info.kinds.items()) + ")"
+    if info.groups is not None:
+        text += f", {info.groups} groups"
     return text
 
 

@@ -1,10 +1,12 @@
 """Deterministic builders of dataset files (format: :mod:`cotsdl.io.dataset`).
 
 - :func:`natural`: unlabeled random crops of scikit-image's bundled photographs
-  (:data:`TRAIN_PHOTOS`), optionally with some LFW faces mixed in (the stand-in for
-  the paper's YouTube frames, some of which show faces);
-- :func:`faces`: the labeled evaluation set: held-out LFW faces (label 1) against LFW
-  non-faces and crops of :data:`HELD_OUT_PHOTOS` (label 0);
+  (:data:`TRAIN_PHOTOS`), optionally with some LFW faces mixed in, as they are or as
+  augmented views (the stand-in for the paper's YouTube frames, some of which show faces);
+- :func:`faces`: the labeled evaluation set: augmented views of held-out LFW faces
+  (label 1, grouped by identity) against LFW non-faces, crops of
+  :data:`HELD_OUT_PHOTOS`, phase-scrambled faces and crops matched to a face's mean and
+  contrast (label 0, each kind recorded in ``kinds``);
 - :func:`folder`: a folder of the user's own PNG/JPEG images;
 - :func:`synthetic`: small generated images for tests (numpy only).
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -30,17 +33,23 @@ import h5py
 import numpy as np
 
 from .. import __version__
+from .augment import MATCH_MIN_STD, Augmentation, cycle as _cycle, matched_crops as _matched_crops
+from .augment import phase_scrambled_views as _phase_scrambled, to_uint8 as _to_uint8, views as _views
 from .dataset import DatasetError, DatasetWriter, image_stats, inspect, write_dataset
 
 #: Photographs that :func:`natural` crops (all bundled with scikit-image, no download).
 TRAIN_PHOTOS = ("astronaut", "camera", "coffee", "chelsea", "rocket", "grass", "gravel", "brick", "moon", "coins",
                 "clock", "immunohistochemistry", "retina", "colorwheel")
-#: Photographs only :func:`faces` uses (distractors); never in training data. Not
-#: ``cat``: scikit-image's ``cat()`` is the same picture as ``chelsea()``.
 #: Training photographs that show a face (the astronaut's, the cameraman's): left out by ``no_faces``.
 FACE_PHOTOS = ("astronaut", "camera")
+#: Photographs only :func:`faces` uses (distractors); never in training data. Not
+#: ``cat``: scikit-image's ``cat()`` is the same picture as ``chelsea()``.
 HELD_OUT_PHOTOS = ("hubble_deep_field", "text", "page", "microaneurysms", "cell", "stereo_motorcycle")
 LFW_FACES = 100  # lfw_subset(): images 0..99 are faces, 100..199 non-faces
+#: The ``kinds`` of :func:`faces` (index = code); only "face" has label 1.
+KIND_NAMES = ("face", "lfw_nonface", "photo_crop", "phase_scrambled", "matched_crop")
+#: Views per held-out identity in :func:`faces`: 8 x 50 held-out faces = 400 test faces.
+DEFAULT_VIEWS = 8
 MODES = ("crop", "resize")
 DEFAULT_SCALE = (0.5, 1.0)
 BATCH = 256
@@ -144,10 +153,6 @@ def _fit(img: np.ndarray, size: tuple[int, int], mode: str) -> np.ndarray:
     return _resize(img, size)
 
 
-def _to_uint8(img: np.ndarray) -> np.ndarray:
-    return np.clip(np.rint(img * 255.0), 0, 255).astype(np.uint8)
-
-
 def _draw_crop(rng: np.random.Generator, shapes: Sequence[tuple[int, int]], size: tuple[int, int],
                scale: tuple[float, float], flip: bool) -> tuple[int, int, int, int, int, bool]:
     """Draw (photo, y, x, height, width, flipped) of one random crop of aspect ``size``.
@@ -163,19 +168,22 @@ def _draw_crop(rng: np.random.Generator, shapes: Sequence[tuple[int, int]], size
     return p, y, x, ch, cw, flipped
 
 
-def _crops(rng: np.random.Generator, photos: Sequence[np.ndarray], n: int, size: tuple[int, int],
-           scale: tuple[float, float], flip: bool, skip: Iterable[int] = ()) -> Iterable[np.ndarray | None]:
-    """Yield n random crops (uint8, (H, W, C)); None at the positions in ``skip``
-    (drawn all the same, so the other crops do not depend on ``skip``)."""
+def _crops(rng: np.random.Generator, photos: Sequence[np.ndarray], n: int | None, size: tuple[int, int],
+           scale: tuple[float, float], flip: bool, skip: Iterable[int] = (),
+           as_float: bool = False) -> Iterable[np.ndarray | None]:
+    """Yield n random crops (uint8, or float in [0, 1] with ``as_float``; (H, W, C)), endless
+    for n None; None at the positions in ``skip`` (drawn all the same, so the other crops
+    do not depend on ``skip``)."""
     shapes = [ph.shape[:2] for ph in photos]
     skip = set(skip)
-    for i in range(n):
+    for i in range(n) if n is not None else itertools.count():
         p, y, x, ch, cw, flipped = _draw_crop(rng, shapes, size, scale, flip)
         if i in skip:
             yield None
             continue
         crop = photos[p][y:y + ch, x:x + cw]
-        yield _to_uint8(_resize(crop[:, ::-1] if flipped else crop, size))
+        crop = _resize(crop[:, ::-1] if flipped else crop, size)
+        yield crop if as_float else _to_uint8(crop)
 
 
 class _Progress:
@@ -242,20 +250,26 @@ def face_split(face_split_seed: int = 0, mixable: int = 50) -> tuple[np.ndarray,
     return np.sort(perm[:mixable]), np.sort(perm[mixable:])
 
 
+def _lfw_float(indices: Sequence[int], size: tuple[int, int], channels: int, mode: str) -> np.ndarray:
+    """LFW images fit to ``size``, float64 (n, H, W, channels) in [0, 1] (before quantization)."""
+    lfw = _lfw()
+    out = [_fit(_to_channels(lfw[int(i)], channels), size, mode) for i in indices]
+    return np.stack(out) if out else np.zeros((0,) + size + (channels,))
+
+
 def lfw_images(indices: Sequence[int], size: Sequence[int], channels: int = 1, mode: str = "crop") -> np.ndarray:
     """LFW images ``lfw_subset()[indices]`` (0..99 faces, 100..199 non-faces) exactly as the
     builders store them: (n, H, W, channels) uint8."""
     size = _check_common(None, size, channels, mode)
-    lfw = _lfw()
-    out = [_to_uint8(_fit(_to_channels(lfw[int(i)], channels), size, mode)) for i in indices]
-    return np.stack(out) if out else np.zeros((0,) + size + (channels,), np.uint8)
+    return _to_uint8(_lfw_float(indices, size, channels, mode))
 
 
 # ---------------------------------------------------------------- builders
 
 def natural(path: str | os.PathLike, count: int, size: Sequence[int], channels: int = 1, seed: int = 0,
             scale: Sequence[float] = DEFAULT_SCALE, flip: bool = True, mix_faces: int = 0, face_split_seed: int = 0,
-            mixable: int = 50, mode: str = "crop", compression: str | None = None, no_faces: bool = False) -> Path:
+            mixable: int = 50, mode: str = "crop", compression: str | None = None, no_faces: bool = False,
+            face_fraction: float = 0.0, augmentation: Augmentation | None = None) -> Path:
     """Unlabeled random crops of :data:`TRAIN_PHOTOS`, uint8.
 
     Parameters
@@ -283,8 +297,15 @@ def natural(path: str | os.PathLike, count: int, size: Sequence[int], channels: 
         How the square LFW faces are fit to a non-square ``size``.
     compression : None, "gzip" or "lzf"
     no_faces : bool
-        Leave out every face: the photographs of :data:`FACE_PHOTOS` (and ``mix_faces``
-        must be 0) -- the training set of the evaluation's no-face control.
+        Leave out every face: the photographs of :data:`FACE_PHOTOS` (and no faces
+        mixed in) -- the training set of the evaluation's no-face control.
+    face_fraction : float
+        0 <= F < 1: exactly ``round(F * count)`` images (Python's rounding), at seeded
+        random positions, are augmented views (:func:`~cotsdl.io.augment.augment`) of
+        the mixable faces, each a fresh view; the other images are the same crops as
+        with F = 0. Excludes ``mix_faces`` and ``no_faces``.
+    augmentation : Augmentation, optional
+        The ranges of the views (default: ``Augmentation()``).
     """
     size = _check_common(count, size, channels, mode)
     _check(not (no_faces and mix_faces), f"no_faces excludes mix_faces, got mix_faces={mix_faces}")
@@ -292,58 +313,126 @@ def natural(path: str | os.PathLike, count: int, size: Sequence[int], channels: 
     _check(len(scale) == 2 and 0 < scale[0] <= scale[1] <= 1, f"scale must be 0 < lo <= hi <= 1, got {scale}")
     _check(int(mix_faces) == mix_faces and 0 <= mix_faces <= count,
            f"mix_faces must be an integer from 0 to count ({count}), got {mix_faces}")
+    n_views = _check_face_fraction(face_fraction, count, mix_faces, no_faces)
     mix_idx, held_idx = face_split(face_split_seed, mixable)
-    _check(mix_faces == 0 or len(mix_idx) > 0, "mix_faces > 0 needs mixable >= 1")
-    face_at: dict[int, int] = {}
-    face_imgs = None
-    if mix_faces:
-        frng = np.random.default_rng([seed, 1])  # a stream of its own: the crops stay the same
-        positions = frng.choice(count, int(mix_faces), replace=False)
-        reps = -(-int(mix_faces) // len(mix_idx))
-        which = np.concatenate([frng.permutation(len(mix_idx)) for _ in range(reps)])[:int(mix_faces)]
-        face_at = {int(p): int(k) for p, k in zip(positions, which)}
-        face_imgs = lfw_images(mix_idx, size, channels, mode)
+    _check((mix_faces == 0 and n_views == 0) or len(mix_idx) > 0,
+           f"{'mix_faces' if mix_faces else 'face_fraction'} > 0 needs mixable >= 1, got mixable={mixable}")
+    aug = Augmentation() if augmentation is None else augmentation
+    face_at = _face_positions(seed, int(count), int(mix_faces) or n_views, len(mix_idx))
     names = [n for n in TRAIN_PHOTOS if not (no_faces and n in FACE_PHOTOS)]
     photos = [_photo(name, channels) for name in names]
     params = {"count": int(count), "size": list(size), "channels": channels, "scale": list(scale), "flip": bool(flip),
               "mix_faces": int(mix_faces), "face_split_seed": int(face_split_seed), "mixable": int(mixable),
-              "mode": mode, "no_faces": bool(no_faces)}
-    recipe = _recipe("natural", seed, params, sources=names,
-                     face_split={"mixable": mix_idx.tolist(), "held_out": held_idx.tolist()} if mix_faces else None)
+              "mode": mode, "no_faces": bool(no_faces), "face_fraction": float(face_fraction),
+              "augmentation": aug.as_dict() if n_views else None}
+    recipe = _recipe("natural", seed, params, sources=names, face_views=n_views,
+                     face_split={"mixable": mix_idx.tolist(), "held_out": held_idx.tolist()} if face_at else None)
     crops = _crops(np.random.default_rng(seed), photos, int(count), size, scale, flip, skip=face_at)
-    images = (face_imgs[face_at[i]] if img is None else img for i, img in enumerate(crops))
+    if mix_faces:
+        face_imgs = lfw_images(mix_idx, size, channels, mode)
+        images = (face_imgs[face_at[i]] if img is None else img for i, img in enumerate(crops))
+    else:  # views are made as the stream reaches them: constant memory for any fraction
+        fitted = _lfw_float(mix_idx, size, channels, mode) if face_at else None
+        vrng = np.random.default_rng([seed, 2])
+        images = (_views(fitted, [face_at[i]], vrng, aug)[0] if img is None else img for i, img in enumerate(crops))
     with DatasetWriter(path, int(count), size + (channels,), np.uint8, recipe, compression=compression) as w:
         _stream(w, images, _Progress(int(count), f"natural {path}"))
     return Path(path)
 
 
-def faces(path: str | os.PathLike, size: Sequence[int], channels: int = 1, seed: int = 0, face_split_seed: int = 0,
-          mixable: int = 50, distractor_crops: int = 100, mode: str = "crop", compression: str | None = None) -> Path:
-    """The labeled evaluation set, uint8, labels 1 = face, 0 = distractor.
+def _check_face_fraction(face_fraction: float, count: int, mix_faces: int, no_faces: bool) -> int:
+    """The number of face views ``face_fraction`` asks for (0 <= F < 1; not with mix_faces or no_faces)."""
+    f = float(face_fraction)
+    _check(0.0 <= f < 1.0, f"face_fraction must be from 0 to less than 1, got {face_fraction}")
+    _check(not (f and mix_faces), f"face_fraction excludes mix_faces (one way of adding faces), got "
+                                  f"face_fraction={face_fraction} and mix_faces={mix_faces}")
+    _check(not (f and no_faces), f"no_faces excludes face_fraction, got face_fraction={face_fraction}")
+    return int(round(f * int(count)))
 
-    Faces: the held-out part of :func:`face_split` (100 - ``mixable`` images).
-    Distractors: the 100 LFW non-faces and ``distractor_crops`` random crops of
-    :data:`HELD_OUT_PHOTOS`. All fit to ``size`` (``mode`` as in :func:`folder`),
-    in an order shuffled by ``seed``.
+
+def _face_positions(seed: int, count: int, k: int, n_faces: int) -> dict[int, int]:
+    """{position: index of a mixable face} for k faces among count images, from a stream of
+    its own (seed, 1), so the crops stay the same; faces repeat only past n_faces."""
+    if k == 0:
+        return {}
+    frng = np.random.default_rng([seed, 1])
+    positions = frng.choice(count, k, replace=False)
+    return {int(p): int(w) for p, w in zip(positions, _cycle(frng, n_faces, k))}
+
+
+def faces(path: str | os.PathLike, size: Sequence[int], channels: int = 1, seed: int = 0, face_split_seed: int = 0,
+          mixable: int = 50, views: int = DEFAULT_VIEWS, lfw_nonfaces: int = LFW_FACES, photo_crops: int = 100,
+          phase_scrambled: int = 100, matched_crops: int = 100, augmentation: Augmentation | None = None,
+          mode: str = "crop", compression: str | None = None) -> Path:
+    """The labeled evaluation set, uint8: labels 1 = face, 0 = distractor, with ``groups`` and ``kinds``.
+
+    Faces (kind "face"): ``views`` augmented views of each held-out face of
+    :func:`face_split` (never a mixable one, which training may see). lfw_subset() has
+    no identity labels: each of its faces counts as one identity (a person shown twice
+    would be two), and its group is its LFW index 0..99. Distractors, by kind:
+    "lfw_nonface": ``lfw_nonfaces`` of the 100 LFW non-faces (group: LFW index);
+    "photo_crop": random crops of :data:`HELD_OUT_PHOTOS`; "phase_scrambled": views of
+    held-out faces with random phases (:func:`~cotsdl.io.augment.phase_scramble`), in
+    their identity's group; "matched_crop": other crops of the held-out photographs
+    given, by an affine change of their pixels, the mean and standard deviation of a
+    randomly chosen face view of the set. Crops get groups of their own (200, 201...).
+    Each part has its own random stream (changing one count leaves the other parts as
+    they were); the order is shuffled by ``seed``.
+
+    Parameters
+    ----------
+    views : int
+        Views per held-out identity (default 8: 400 faces with the default split).
+    lfw_nonfaces, photo_crops, phase_scrambled, matched_crops : int
+        How many distractors of each kind (0..100 LFW non-faces, a seeded choice).
+    augmentation : Augmentation, optional
+        The ranges of the views (default: ``Augmentation()``).
     """
     size = _check_common(None, size, channels, mode)
-    _check(int(distractor_crops) == distractor_crops and distractor_crops >= 0,
-           f"distractor_crops must be a non-negative integer, got {distractor_crops}")
+    counts = {"photo_crops": photo_crops, "phase_scrambled": phase_scrambled, "matched_crops": matched_crops}
+    for name, v in counts.items():
+        _check(int(v) == v and v >= 0, f"{name} must be a non-negative integer, got {v}")
+    _check(int(views) == views and views >= 1, f"views must be a positive integer, got {views}")
+    _check(int(lfw_nonfaces) == lfw_nonfaces and 0 <= lfw_nonfaces <= LFW_FACES,
+           f"lfw_nonfaces must be an integer from 0 to {LFW_FACES}, got {lfw_nonfaces}")
+    aug = Augmentation() if augmentation is None else augmentation
     mix_idx, held_idx = face_split(face_split_seed, mixable)
-    rng = np.random.default_rng(seed)
+    fitted = _lfw_float(held_idx, size, channels, mode)
+    rngs = [np.random.default_rng([seed, k]) for k in range(7)]  # one stream per part
+    which = np.repeat(np.arange(len(held_idx)), int(views))
+    face_imgs = _views(fitted, which, rngs[0], aug)
+    nonface_idx = np.sort(rngs[1].choice(LFW_FACES, int(lfw_nonfaces), replace=False)) + LFW_FACES
     photos = [_photo(name, channels) for name in HELD_OUT_PHOTOS]
-    crops = list(_crops(rng, photos, int(distractor_crops), size, DEFAULT_SCALE, True))
-    images = np.concatenate([lfw_images(held_idx, size, channels, mode),
-                             lfw_images(range(LFW_FACES, 2 * LFW_FACES), size, channels, mode)]
-                            + ([np.stack(crops)] if crops else []))
-    labels = np.r_[np.ones(len(held_idx), np.int64), np.zeros(len(images) - len(held_idx), np.int64)]
-    order = rng.permutation(len(images))
+    crops = list(_crops(rngs[2], photos, int(photo_crops), size, DEFAULT_SCALE, True))
+    scrambled, scrambled_src = _phase_scrambled(fitted, int(phase_scrambled), rngs[3], aug)
+    matched = _matched_crops(face_imgs, _crops(rngs[5], photos, None, size, DEFAULT_SCALE, True, as_float=True),
+                             int(matched_crops), rngs[4])
+    parts = [(face_imgs, held_idx[which]), (lfw_images(nonface_idx, size, channels, mode), nonface_idx),
+             (np.stack(crops) if crops else face_imgs[:0], None), (scrambled, held_idx[scrambled_src]), (matched, None)]
+    images, groups, kinds = _assemble(parts)
+    labels = (kinds == KIND_NAMES.index("face")).astype(np.int64)
+    order = rngs[6].permutation(len(images))
     params = {"size": list(size), "channels": channels, "face_split_seed": int(face_split_seed),
-              "mixable": int(mixable), "distractor_crops": int(distractor_crops),
-              "distractor_scale": list(DEFAULT_SCALE), "mode": mode}
+              "mixable": int(mixable), "views": int(views), "lfw_nonfaces": int(lfw_nonfaces),
+              **{k: int(v) for k, v in counts.items()}, "distractor_scale": list(DEFAULT_SCALE), "mode": mode,
+              "augmentation": aug.as_dict(), "match_min_std": MATCH_MIN_STD}
     recipe = _recipe("faces", seed, params, sources=["lfw_subset"] + list(HELD_OUT_PHOTOS),
-                     face_split={"mixable": mix_idx.tolist(), "held_out": held_idx.tolist()})
-    return write_dataset(path, images[order], labels[order], recipe, compression)
+                     face_split={"mixable": mix_idx.tolist(), "held_out": held_idx.tolist()},
+                     kind_names=list(KIND_NAMES), kind_counts={n: len(p[0]) for n, p in zip(KIND_NAMES, parts)})
+    return write_dataset(path, images[order], labels[order], recipe, compression, groups=groups[order],
+                         kinds=kinds[order], kind_names=KIND_NAMES)
+
+
+def _assemble(parts: Sequence[tuple[np.ndarray, np.ndarray | None]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Images, groups and kind codes of the parts (in :data:`KIND_NAMES` order); a part
+    without groups gives each image a new group, numbered from 2 * LFW_FACES (past every LFW index)."""
+    next_group, groups = 2 * LFW_FACES, []
+    for imgs, g in parts:
+        if g is None:
+            g, next_group = np.arange(next_group, next_group + len(imgs)), next_group + len(imgs)
+        groups.append(np.asarray(g, np.int64))
+    kinds = np.concatenate([np.full(len(p[0]), code, np.int8) for code, p in enumerate(parts)])
+    return np.concatenate([p[0] for p in parts]), np.concatenate(groups), kinds
 
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
@@ -447,8 +536,8 @@ def synthetic(path: str | os.PathLike, count: int, size: Sequence[int], channels
 
 def resize(path: str | os.PathLike, src_path: str | os.PathLike, size: Sequence[int], channels: int | None = None,
            mode: str = "crop", compression: str | None = None) -> Path:
-    """Another dataset file at another image size (labels kept): for a network whose input
-    differs from the file's images.
+    """Another dataset file at another image size (labels, groups and kinds kept): for a
+    network whose input differs from the file's images.
 
     uint8 files stay uint8; float files become float32 (values are not clipped).
     ``channels`` None keeps them; 1 or 3 converts (gray by rgb2gray, RGB by replication).
@@ -468,11 +557,13 @@ def resize(path: str | os.PathLike, src_path: str | os.PathLike, size: Sequence[
         x = _fit(_to_channels(x, channels), size, mode)
         return _to_uint8(x) if dtype == np.uint8 else x.astype(np.float32)
 
+    keep = [k for k, v in (("labels", info.labels), ("groups", info.groups), ("kinds", info.kinds)) if v is not None]
     with h5py.File(src_path, "r") as f, DatasetWriter(path, info.count, size + (channels,), dtype, recipe,
-                                                      labels=info.labels is not None, compression=compression) as w:
+                                                      "labels" in keep, compression, "groups" in keep,
+                                                      info.kind_names) as w:
         for i in range(0, info.count, BATCH):
             batch = np.stack([convert(img) for img in f["images"][i:i + BATCH]])
-            w.add(batch, f["labels"][i:i + BATCH] if info.labels is not None else None)
+            w.add(batch, **{k: f[k][i:i + BATCH] for k in keep})
             progress(w.n)
     return Path(path)
 

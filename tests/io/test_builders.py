@@ -12,6 +12,7 @@ import pytest
 
 from cotsdl.cli import prepare
 from cotsdl.io import builders
+from cotsdl.io.augment import NO_AUGMENTATION, Augmentation
 from cotsdl.io.dataset import DatasetError, image_stats, inspect
 
 SIZE = (16, 16)
@@ -89,25 +90,35 @@ def test_mixing_faces_changes_only_their_positions(tmp_path, skimage):
     assert (plain != mixed).reshape(30, -1).any(axis=1).sum() == 4
 
 
+FACES_SMALL = dict(face_split_seed=1, mixable=40, views=2, photo_crops=7, phase_scrambled=5, matched_crops=6)
+
+
 def test_faces_deterministic_and_labeled(tmp_path, skimage):
-    x, y = build_twice(tmp_path, builders.faces, SIZE, seed=2, face_split_seed=1, mixable=40, distractor_crops=7)
+    x, y = build_twice(tmp_path, builders.faces, SIZE, seed=2, **FACES_SMALL)
     assert_same(x, y)
     images, labels, recipe, _, _ = x
-    assert images.shape == (60 + 100 + 7,) + SIZE + (1,) and images.dtype == np.uint8
-    assert labels.dtype == np.int64 and labels.sum() == 60 and len(labels) == 167
+    n = 60 * 2 + 100 + 7 + 5 + 6
+    assert images.shape == (n,) + SIZE + (1,) and images.dtype == np.uint8
+    assert labels.dtype == np.int64 and labels.sum() == 120 and len(labels) == n
     mix, held = builders.face_split(1, 40)
     assert recipe["face_split"] == {"mixable": mix.tolist(), "held_out": held.tolist()}
     assert recipe["builder"] == "faces" and set(builders.HELD_OUT_PHOTOS) <= set(recipe["sources"])
-    assert 0 < labels[:60].sum() < 60  # shuffled
-    builders.faces(tmp_path / "c.h5", SIZE, seed=3, face_split_seed=1, mixable=40, distractor_crops=7)
+    assert recipe["params"]["views"] == 2 and recipe["params"]["augmentation"] == Augmentation().as_dict()
+    assert recipe["kind_counts"] == {"face": 120, "lfw_nonface": 100, "photo_crop": 7, "phase_scrambled": 5,
+                                     "matched_crop": 6}
+    assert 0 < labels[:120].sum() < 120  # shuffled
+    builders.faces(tmp_path / "c.h5", SIZE, seed=3, **FACES_SMALL)
     other, other_labels, *_ = read(tmp_path / "c.h5")
     assert not np.array_equal(other, images)
-    assert len(set(hashes(other)) - set(hashes(images))) == 7  # other crops; the same LFW images
-    assert sorted(hashes(other[other_labels == 1])) == sorted(hashes(images[labels == 1]))
+    # another seed: other views and crops; the same 100 LFW non-faces
+    assert len(set(hashes(other)) & set(hashes(images))) == 100
+    assert set(hashes(builders.lfw_images(range(100, 200), SIZE))) <= set(hashes(other))
 
 
 def test_no_held_out_image_leaks_into_training_data(tmp_path, skimage):
-    builders.faces(tmp_path / "faces.h5", SIZE, seed=0, face_split_seed=7, mixable=30, distractor_crops=20)
+    # unaugmented views: the evaluation faces are exactly the held-out LFW images
+    builders.faces(tmp_path / "faces.h5", SIZE, seed=0, face_split_seed=7, mixable=30, views=1, photo_crops=20,
+                   augmentation=NO_AUGMENTATION)
     images, labels, *_ = read(tmp_path / "faces.h5")
     held_out = set(hashes(images)) | set(hashes(images[:, :, ::-1]))  # flipped too
     mix, held = builders.face_split(7, 30)
@@ -223,18 +234,23 @@ def test_cli_builders(tmp_path, image_folder, capsys):
     size = ["--size", 12, 14]
     assert cli("natural", tmp_path / "n.h5", "--count", 9, *size, "--channels", 3, "--mix-faces", 2, "--seed", 3,
                "--scale", 0.3, 0.6, "--no-flip", "--compression", "gzip") == 0
-    assert cli("faces", tmp_path / "f.h5", *size, "--mixable", 60, "--distractor-crops", 5, "--face-split-seed", 2,
+    assert cli("faces", tmp_path / "f.h5", *size, "--mixable", 60, "--views", 2, "--lfw-nonfaces", 10,
+               "--photo-crops", 5, "--phase-scrambled", 3, "--matched-crops", 4, "--face-split-seed", 2,
                "--mode", "resize") == 0
     assert cli("folder", image_folder, tmp_path / "d.h5", *size, "--mode", "resize") == 0
     assert cli("synthetic", tmp_path / "s.h5", "--count", 7, *size, "--dtype", "uint8", "--labels") == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"wrote {tmp_path / 'n.h5'}: 9 images 12x14x3 uint8 in ")
-    assert out[1].startswith(f"wrote {tmp_path / 'f.h5'}: 145 images 12x14x1 uint8, labels 0: 105, 1: 40 in ")
+    # 59 groups: 40 identities (the scrambled faces' too), 10 non-faces, 9 crops
+    assert out[1].startswith(f"wrote {tmp_path / 'f.h5'}: 102 images 12x14x1 uint8, labels 0: 22, 1: 80 (face 80, "
+                             "lfw_nonface 10, photo_crop 5, phase_scrambled 3, matched_crop 4), 59 groups in ")
     assert out[2].startswith(f"wrote {tmp_path / 'd.h5'}: 2 images")
     assert "7 images 12x14x1 uint8, labels" in out[3]
     n = inspect(tmp_path / "n.h5")
     assert n.compression == "gzip" and n.recipe["params"]["scale"] == [0.3, 0.6] and not n.recipe["params"]["flip"]
-    assert inspect(tmp_path / "f.h5").recipe["params"]["mode"] == "resize"
+    f = inspect(tmp_path / "f.h5")
+    assert f.recipe["params"]["mode"] == "resize" and f.recipe["params"]["views"] == 2
+    assert f.recipe["params"]["matched_crops"] == 4 and f.recipe["params"]["lfw_nonfaces"] == 10
     with h5py.File(tmp_path / "s.h5", "r+") as f:
         del f["image_mean"], f["image_std"]
     assert cli("stats", tmp_path / "s.h5") == 0 and inspect(tmp_path / "s.h5").has_stats
