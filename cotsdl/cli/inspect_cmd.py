@@ -8,8 +8,8 @@ from . import config as cfgmod
 
 def add_parser(sub) -> None:
     p = sub.add_parser("inspect", help="what an HDF5 dataset holds and whether it is valid for a config",
-                       description="Print what an HDF5 image dataset holds (images, labels, statistics, recipe) "
-                                   "and its problems; with --config, whether that config can train on it. "
+                       description="Print what an HDF5 image dataset holds (images, labels, kinds, groups, statistics, "
+                                   "recipe) and its problems; with --config, whether that config can train on it. "
                                    "Exit status 0 when valid, 2 when not.")
     p.add_argument("file", help="HDF5 dataset")
     p.add_argument("--config", help="a training config: check the file against its network and batch")
