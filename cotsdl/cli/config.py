@@ -157,6 +157,8 @@ SCHEMA: dict[str, Any] = {
               "epochs": Key(per_stage(number(0), "a number >= 0"), None, "passes over the data per stage"),
               "lam": Key(number(0), 0.1, "weight of the sparsity term"),
               "tied": Key(boolean, True, "decoder weights = encoder weights"),
+              "filter_norm": Key(per_stage(either(number(0, lo_open=True), choice("none")), 'a number > 0 or "none"'),
+                                 "none", "every unit's filter kept at this L2 norm (\"none\": unconstrained)"),
               "seed": Key(integer(0), 0, "weight initialization"),
               "dtype": Key(choice("float32", "float64"), "float32"),
               "checkpoint_every": Key(integer(0), 100, "global steps between checkpoints (0: at the end only)"),
@@ -240,7 +242,7 @@ def validate(data: dict[str, Any], source: str = "config") -> dict[str, Any]:
     opt = tr["optimizer"]
     if opt["kind"] == "sgd" and opt["nesterov"] and not opt["momentum"]:
         ck.fail("train.optimizer.nesterov", True, "needs train.optimizer.momentum > 0")
-    for name in ("steps", "epochs"):
+    for name in ("steps", "epochs", "filter_norm"):
         v = tr[name]
         if isinstance(v, list) and len(v) != nstages:
             ck.fail(f"train.{name}", v, f"needs one entry per stage ({nstages})")

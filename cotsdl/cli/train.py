@@ -331,6 +331,7 @@ def _train(cfg, source, network, optimizer, data, meta, backend_name, guard, com
         if meta is None:
             tr = GreedyTrainer(network, data, optimizer, comm=comm, batch=dc["batch"], replicas=pc["replicas"],
                                grid=grid, lam=tc["lam"], tied=tc["tied"], seed=tc["seed"],
+                               filter_norm=filter_norms(tc["filter_norm"]),
                                dtype=np.dtype(tc["dtype"]), checkpoint_dir=str(ckdir), **common)
         else:
             tr = GreedyTrainer.resume(str(ckdir), data, optimizer, comm=comm, batch=dc["batch"],
@@ -349,6 +350,11 @@ def _train(cfg, source, network, optimizer, data, meta, backend_name, guard, com
         _report(folder, network, tr, backend_name, comm.Get_size(), time.perf_counter() - t_start, say)
         log.close()
     return 0
+
+
+def filter_norms(value: list[Any]) -> list[float | None]:
+    """``train.filter_norm`` of a validated config (one entry per stage) as norms, None for "none"."""
+    return [None if v == "none" else float(v) for v in value]
 
 
 def _apply_changes(tr, optimizer, lam: float) -> None:

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .. import backend
 from ..array.box import Box
 from .layers import L2Pool, LCN, LocalFilter
 
@@ -135,20 +136,57 @@ def _keys(path: str, d: Any, allowed: set[str], required: set[str], hint: str) -
         raise ValueError(f"bad network description: {path} needs {', '.join(missing)}; {hint}")
 
 
+def unit_gain_std(layer: LocalFilter) -> float:
+    """The weight std that gives a tied stage a reconstruction gain of about 1.
+
+    A pixel is covered by ``M * rh * rw / (sh * sw)`` units (M units per site), so
+    with i.i.d. weights of variance s^2 the expected decoder-of-encoder
+    ``F^T F x`` is about ``s^2 * M * rh * rw / (sh * sw) * x``; the gain is 1 at
+    ``s^2 = sh * sw / (M * rh * rw)``.  (The old N(0, 1/R) gave the demo's first stage
+    a gain of 16 and a first loss 180 times ||x||^2.)
+    """
+    (rh, rw), (sh, sw) = layer.size, layer.stride
+    units = layer.block[0] * layer.block[1] * layer.channels
+    return float(np.sqrt(sh * sw / (units * rh * rw)))
+
+
+def unit_gain_norm(layer: LocalFilter, channels_in: int) -> float:
+    """The filter norm at which a tied stage has a reconstruction gain of about 1
+    (``unit_gain_std`` times the square root of the fan-in R = rh*rw*C)."""
+    return unit_gain_std(layer) * float(np.sqrt(layer.size[0] * layer.size[1] * channels_in))
+
+
+def project_norm(w: Any, norm: float) -> Any:
+    """Every unit's filter of ``w`` (..., rh, rw, C) scaled to L2 norm ``norm``, in place.
+
+    Per unit, so it needs no communication: a rank holds whole sites, and the
+    result is the same on any grid split or replica.  A zero filter stays zero.
+    """
+    xp = backend.array_module(w)
+    n = xp.sqrt((w * w).sum(axis=(-3, -2, -1), keepdims=True))
+    w *= (w.dtype.type(norm) / xp.maximum(n, w.dtype.type(1e-30))).astype(w.dtype, copy=False)
+    return w
+
+
 def init_weights(layer: LocalFilter, in_shape: Sequence[int], sites: Box, seed: int, layer_index: int,
-                 dtype: Any = np.float32) -> np.ndarray:
+                 dtype: Any = np.float32, norm: float | None = None) -> np.ndarray:
     """Weights of the sites in ``sites`` (a 2-D box of site indices), keyed by global site.
 
     Each site draws from its own generator seeded by (seed, layer, i, j), so the
     weights of a network are the same whatever the number of ranks and grid.
-    Entries are N(0, 1/R) with R = rh*rw*C, the fan-in.
+    Entries are N(0, s^2) with ``s = unit_gain_std(layer)`` (fan-scaled: a stage's
+    untrained reconstruction has a gain of about 1 for any filter size, stride,
+    channel count and stage); with ``norm``, every unit's filter is then scaled to
+    that L2 norm (the norm the trainer's constraint keeps).
     """
     full = layer.weight_shape(tuple(in_shape[:3]) + (1,))
     per_site = full[2:]
     w = np.empty(sites.shape + per_site, dtype)
-    scale = 1.0 / np.sqrt(np.prod(per_site[1:]))
+    scale = unit_gain_std(layer)
     for a, i in enumerate(range(sites.lo[0], sites.hi[0])):
         for b, j in enumerate(range(sites.lo[1], sites.hi[1])):
             rng = np.random.default_rng([seed, layer_index, i, j])
             w[a, b] = rng.standard_normal(per_site) * scale
+    if norm is not None:
+        project_norm(w, norm)
     return w

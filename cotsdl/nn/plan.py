@@ -16,7 +16,7 @@ operation (:meth:`NetworkPlan.adjoint`), the decoder of an autoencoder.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from .. import backend
@@ -82,10 +82,18 @@ class NetworkPlan:
         self.output_shape = boxes[-1].out_shape
 
     # -- parameters -----------------------------------------------------------
-    def init_params(self, seed: int = 0) -> dict[int, np.ndarray]:
-        """This rank's weights of every filter layer (keyed by layer index), identical on any grid."""
-        return {lp.index: init_weights(lp.layer, lp.in_shape, lp.sites, seed, lp.index, self.dtype)
-                for lp in self.layers if lp.layer.kind == "filter"}
+    def init_params(self, seed: int = 0, norms: Sequence[float | None] | None = None) -> dict[int, np.ndarray]:
+        """This rank's weights of every filter layer (keyed by layer index), identical on any grid.
+
+        ``norms`` (one per stage, None for none) scales every unit's filter of a stage to
+        that norm, as the trainer's norm constraint keeps it (``nn.network.init_weights``).
+        """
+        filters = [lp for lp in self.layers if lp.layer.kind == "filter"]
+        norms = [None] * len(filters) if norms is None else list(norms)
+        if len(norms) != len(filters):
+            raise ValueError(f"norms needs one entry per stage ({len(filters)}), got {len(norms)}")
+        return {lp.index: init_weights(lp.layer, lp.in_shape, lp.sites, seed, lp.index, self.dtype, norm)
+                for lp, norm in zip(filters, norms)}
 
     def weight_box(self, index: int) -> tuple[tuple[int, ...], Box]:
         """Global shape and this rank's box of the weights of filter layer ``index`` (for gather)."""

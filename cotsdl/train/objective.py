@@ -34,9 +34,15 @@ from ..nn.plan import NetworkPlan
 
 @dataclass
 class LossParts:
+    """The loss terms per image, and what they are measured against."""
+
     total: float
     reconstruction: float
     sparsity: float
+    #: ||x||^2 per image: reconstruction / signal is the relative reconstruction error
+    signal: float = float("nan")
+    #: the mean pooled activation per image (sparsity without lam)
+    pooled: float = float("nan")
 
 
 class StageObjective:
@@ -73,8 +79,9 @@ class StageObjective:
         xh = plan.adjoint(f, h, dec, meanwhile=pool_forward)  # x_hat = F_{w'}^T(h)
         pooled, pool_tape = pool["p"], pool["tape"]
         r = xh.data - x.owned_data
-        rec, spa = sum_values(plan.grid.comm, [(r * r).sum(), pooled.data.sum()])
-        parts = LossParts((rec + self.lam * spa) / N, rec / N, self.lam * spa / N)
+        xo = x.owned_data
+        rec, spa, sig = sum_values(plan.grid.comm, [(r * r).sum(), pooled.data.sum(), (xo * xo).sum()])
+        parts = LossParts((rec + self.lam * spa) / N, rec / N, self.lam * spa / N, sig / N, spa / N)
         # backward
         dxh = DistArray(x.comm, xh.shape, xh.window, xh.owned, data=(r * dt.type(2.0 / N)).astype(dt, copy=False))
         dh, dec_tape = plan.forward(dxh, {f: dec}, start=f, upto=p)  # F_{w'}(dx_hat), the decoder's transpose

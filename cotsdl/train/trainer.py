@@ -25,7 +25,7 @@ from ..array.collective import agree, agreed, raise_collectively, sum_values
 from ..array.distarray import DistArray
 from ..array.grid import split_replicas
 from ..io import checkpoint
-from ..nn.network import Network
+from ..nn.network import Network, project_norm
 from ..nn.plan import NetworkPlan
 from . import allreduce, resume
 from .objective import StageObjective
@@ -74,6 +74,13 @@ class GreedyTrainer:
         Consecutive non-finite steps (skipped) after which training stops.
     overlap : bool
         Hide halo traffic behind computation (same results bit for bit; see ``NetworkPlan``).
+    filter_norm : float, sequence of (float or None), or None
+        Keep every unit's filter (encoder, and decoder when untied) at this L2 norm:
+        initialized at it and projected back after every update (as reconstruction
+        ICA does), so that the sparsity penalty cannot be paid off by shrinking the
+        weights.  One number for every stage, or one per stage; None: unconstrained.
+        ``nn.network.unit_gain_norm`` gives the norm at which a stage's untrained
+        reconstruction has gain 1.
     overwrite : bool
         Allow a new run in a ``checkpoint_dir`` that holds checkpoints already (refused
         by default: ``keep`` would prune them).  ``resume`` continues a run in place.
@@ -88,8 +95,10 @@ class GreedyTrainer:
                  seed: int = 0, dtype: Any = np.float32, checkpoint_dir: str | None = None,
                  checkpoint_every: int = 0, keep: int = 3, log_every: int = 10, metrics_file: str | None = None,
                  max_bad_steps: int = 5, log=sys.stdout, should_stop: Callable[[], bool] | None = None,
-                 overwrite: bool = False, overlap: bool = True):
+                 overwrite: bool = False, overlap: bool = True,
+                 filter_norm: float | Sequence[float | None] | None = None):
         err = None
+        norms, norm_err = _stage_norms(filter_norm, len(network.stages))
         if tuple(getattr(data, "image_shape", ())) != network.input_shape:
             err = f"the data's images are {getattr(data, 'image_shape', None)}, the network takes {network.input_shape}"
         elif not isinstance(optimizer, Optimizer):
@@ -98,6 +107,8 @@ class GreedyTrainer:
             err = f"batch must be a positive integer, got {batch!r}"
         elif not float(lam) >= 0:
             err = f"lam must be >= 0, got {lam!r}"
+        elif norm_err:
+            err = norm_err
         elif bad := next((f"{k} must be an integer >= {lo}, got {v!r}" for k, v, lo in (
                 ("checkpoint_every", checkpoint_every, 0), ("keep", keep, 1), ("log_every", log_every, 0),
                 ("max_bad_steps", max_bad_steps, 1), ("seed", seed, 0))
@@ -119,7 +130,7 @@ class GreedyTrainer:
               grid=None if grid is None else [int(v) for v in grid], lam=float(lam), tied=bool(tied), seed=int(seed),
               dtype=np.dtype(dtype).name, checkpoint_dir=checkpoint_dir, checkpoint_every=int(checkpoint_every),
               keep=int(keep), max_bad_steps=int(max_bad_steps), overwrite=bool(overwrite), overlap=bool(overlap),
-              optimizer=(type(optimizer).__name__, schedules_describe(optimizer.schedule), optimizer.hyper()),
+              filter_norm=norms, optimizer=(type(optimizer).__name__, schedules_describe(optimizer.schedule), optimizer.hyper()),
               data=(tuple(data.image_shape), len(data) if hasattr(data, "__len__") else None,
                     getattr(data, "seed", None)))
         if checkpoint_dir:  # checked now, not at the first checkpoint after real work
@@ -132,7 +143,8 @@ class GreedyTrainer:
         self.batch, self.replicas, self.lam, self.tied, self.seed = int(batch), int(replicas), float(lam), tied, int(seed)
         # With the cuda backend the weights, the optimizer state and the images live on the GPU.
         self.xp = backend.xp()
-        self.params = {k: self.xp.asarray(v) for k, v in self.plan.init_params(seed).items()}
+        self.filter_norms = norms
+        self.params = {k: self.xp.asarray(v) for k, v in self.plan.init_params(seed, norms).items()}
         self.decoders = {} if tied else {i: w.copy() for i, w in self.params.items()}
         self.template = optimizer
         self.optimizer: Optimizer | None = None
@@ -204,7 +216,7 @@ class GreedyTrainer:
             else:
                 parts, dw, dwd = objective.value_and_grad(x, self.params[li], self.decoders[li])
                 grads = {"w": dw, "w_dec": dwd}
-        losses = np.array([parts.total, parts.reconstruction, parts.sparsity])
+        losses = np.array([parts.total, parts.reconstruction, parts.sparsity, parts.signal, parts.pooled])
         if self.replicas > 1:
             grads = allreduce.average(self.layout.replica_comm, grads)
             losses = sum_values(self.layout.replica_comm, losses) / self.replicas
@@ -214,6 +226,9 @@ class GreedyTrainer:
             self.bad_in_row = 0
             params = {"w": self.params[li]} if self.tied else {"w": self.params[li], "w_dec": self.decoders[li]}
             self.optimizer.step(params, grads)
+            if self.filter_norms[stage] is not None:  # per unit: no communication, exact on any split
+                for p in params.values():
+                    project_norm(p, self.filter_norms[stage])
             ok = bool(self.world.allreduce(all(bool(self.xp.isfinite(p).all()) for p in params.values()), op=MPI.LAND))
             if not ok:
                 raise agreed(RuntimeError(f"training stopped: the update of stage {stage} step {self.stage_step} made the "
@@ -236,7 +251,9 @@ class GreedyTrainer:
         ex = sum(lp.exchange.seconds for lp in self.plan.layers) - ex0
         ex = float(self.world.allreduce(ex, op=MPI.MAX))
         return {"step": self.step, "stage": stage, "stage_step": self.stage_step, "loss": float(losses[0]),
-                "reconstruction": float(losses[1]), "sparsity": float(losses[2]), "skipped": not finite,
+                "reconstruction": float(losses[1]), "sparsity": float(losses[2]),
+                "recon_rel": float(losses[1] / losses[3]) if losses[3] > 0 else float("nan"),
+                "pooled": float(losses[4]), "skipped": not finite,
                 "seconds": dt, "exchange_seconds": ex, "images_per_s": self.batch * self.replicas / dt,
                 "lr": self.optimizer.lr}
 
@@ -278,7 +295,7 @@ class GreedyTrainer:
             if self.log_every and (self.stage_step % self.log_every == 0 or _ == int(steps) - 1
                                    or self.stage_step == 1):  # a stage's first loss, to compare with
                 good = [r for r in window if not r["skipped"]] or window
-                for key in ("loss", "reconstruction", "sparsity"):  # one minibatch's loss is noisy
+                for key in ("loss", "reconstruction", "sparsity", "recon_rel", "pooled"):  # one minibatch is noisy
                     rec[f"{key}_mean"] = float(np.mean([r[key] for r in good]))
                 rec["mean_over"] = len(good)
                 window = []
@@ -363,6 +380,7 @@ class GreedyTrainer:
             opt["slot_names"] = {n: sorted(s) for n, s in self.optimizer.state.items()}
         meta = {"network": self.network.describe(), "stage": self.stage, "stage_step": self.stage_step,
                 "position": self.position, "step": self.step, "seed": self.seed, "lam": self.lam,
+                "filter_norm": self.filter_norms,
                 "tied": self.tied, "batch": self.batch, "replicas": self.replicas,
                 "grid": list(self.layout.grid.dims), "dtype": self.plan.dtype.name, "optimizer": opt,
                 "skipped": self.skipped, "bad_in_row": self.bad_in_row,
@@ -395,6 +413,7 @@ class GreedyTrainer:
         kw["overwrite"] = True  # the same run, continued
         tr = cls(Network.from_description(meta["network"]), data, optimizer, comm=comm, batch=batch,
                  replicas=replicas, grid=grid, lam=meta["lam"], tied=meta["tied"], seed=meta["seed"],
+                 filter_norm=meta.get("filter_norm"),
                  dtype=np.dtype(meta["dtype"]), **kw)
         arrays = checkpoint.load(p, comm, resume.wanted_boxes(tr, meta), dtype=tr.plan.dtype)
         resume.restore_weights_and_position(tr, meta, arrays)
@@ -404,3 +423,18 @@ class GreedyTrainer:
             tr._say(f"warning: checkpoint {line}")
         tr._say(f"resumed from {p}: stage {tr.stage}, step {tr.stage_step} of the stage, global step {tr.step}")
         return tr
+
+
+def _stage_norms(filter_norm: Any, stages: int) -> tuple[list[float | None], str | None]:
+    """``filter_norm`` as one entry per stage (None: unconstrained), or the error."""
+    if filter_norm is None:
+        return [None] * stages, None
+    many = isinstance(filter_norm, (list, tuple))
+    norms = list(filter_norm) if many else [filter_norm] * stages
+    if len(norms) != stages:
+        return [None] * stages, f"filter_norm needs one entry per stage ({stages}), got {len(norms)}"
+    for v in norms:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer))
+                              or not 0 < float(v) < float("inf")):
+            return [None] * stages, f"filter_norm must be a positive number or None per stage, got {filter_norm!r}"
+    return [None if v is None else float(v) for v in norms], None
