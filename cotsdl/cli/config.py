@@ -157,8 +157,10 @@ SCHEMA: dict[str, Any] = {
               "epochs": Key(per_stage(number(0), "a number >= 0"), None, "passes over the data per stage"),
               "lam": Key(number(0), 0.1, "weight of the sparsity term"),
               "tied": Key(boolean, True, "decoder weights = encoder weights"),
-              "filter_norm": Key(per_stage(either(number(0, lo_open=True), choice("none")), 'a number > 0 or "none"'),
-                                 "none", "every unit's filter kept at this L2 norm (\"none\": unconstrained)"),
+              "filter_norm": Key(per_stage(either(number(0, lo_open=True), choice("auto", "none")),
+                                           'a number > 0, "auto" or "none"'), "auto",
+                                 "every unit's filter kept at this L2 norm (\"auto\": 0.4 of the norm of unit "
+                                 "reconstruction gain; \"none\": unconstrained)"),
               "seed": Key(integer(0), 0, "weight initialization"),
               "dtype": Key(choice("float32", "float64"), "float32"),
               "checkpoint_every": Key(integer(0), 100, "global steps between checkpoints (0: at the end only)"),

@@ -353,8 +353,8 @@ def _train(cfg, source, network, optimizer, data, meta, backend_name, guard, com
 
 
 def filter_norms(value: list[Any]) -> list[float | None]:
-    """``train.filter_norm`` of a validated config (one entry per stage) as norms, None for "none"."""
-    return [None if v == "none" else float(v) for v in value]
+    """``train.filter_norm`` of a validated config (one entry per stage) for the trainer, None for "none"."""
+    return [None if v == "none" else v if v == "auto" else float(v) for v in value]
 
 
 def _apply_changes(tr, optimizer, lam: float) -> None:
@@ -373,6 +373,7 @@ def _apply_changes(tr, optimizer, lam: float) -> None:
 def _report(folder: Path, network, tr, backend_name: str, ranks: int, wall: float, say) -> None:
     """summary.json and the closing lines (rank 0; a failed write is a warning, training is done)."""
     summary = _summary(folder, len(network.stages), wall, tr.history)
+    summary["filter_diagnostics"] = [{"stage": k, **v} for k, v in sorted(tr.stage_stats.items())]
     summary.update({"run": str(folder), "config": str(folder / "config.toml"), "step": tr.step,
                     "checkpoint": str(tr.latest_checkpoint()), "ranks": ranks,
                     "grid": list(tr.layout.grid.dims), "replicas": tr.replicas, "backend": backend_name})

@@ -25,8 +25,9 @@ from ..array.collective import agree, agreed, raise_collectively, sum_values
 from ..array.distarray import DistArray
 from ..array.grid import split_replicas
 from ..io import checkpoint
-from ..nn.network import Network, project_norm
+from ..nn.network import Network, project_norm, unit_gain_norm
 from ..nn.plan import NetworkPlan
+from ..nn import stage_stats as monitor
 from . import allreduce, resume
 from .objective import StageObjective
 from .optim import Optimizer
@@ -74,13 +75,13 @@ class GreedyTrainer:
         Consecutive non-finite steps (skipped) after which training stops.
     overlap : bool
         Hide halo traffic behind computation (same results bit for bit; see ``NetworkPlan``).
-    filter_norm : float, sequence of (float or None), or None
+    filter_norm : float, "auto", sequence of them (or None), or None
         Keep every unit's filter (encoder, and decoder when untied) at this L2 norm:
         initialized at it and projected back after every update (as reconstruction
         ICA does), so that the sparsity penalty cannot be paid off by shrinking the
-        weights.  One number for every stage, or one per stage; None: unconstrained.
-        ``nn.network.unit_gain_norm`` gives the norm at which a stage's untrained
-        reconstruction has gain 1.
+        weights.  One value for every stage, or one per stage; None: unconstrained.
+        ``"auto"`` is :data:`AUTO_NORM_FRACTION` of ``nn.network.unit_gain_norm``, the
+        norm at which the stage's reconstruction has gain 1.
     overwrite : bool
         Allow a new run in a ``checkpoint_dir`` that holds checkpoints already (refused
         by default: ``keep`` would prune them).  ``resume`` continues a run in place.
@@ -98,7 +99,7 @@ class GreedyTrainer:
                  overwrite: bool = False, overlap: bool = True,
                  filter_norm: float | Sequence[float | None] | None = None):
         err = None
-        norms, norm_err = _stage_norms(filter_norm, len(network.stages))
+        norms, norm_err = _stage_norms(filter_norm, network)
         if tuple(getattr(data, "image_shape", ())) != network.input_shape:
             err = f"the data's images are {getattr(data, 'image_shape', None)}, the network takes {network.input_shape}"
         elif not isinstance(optimizer, Optimizer):
@@ -156,6 +157,9 @@ class GreedyTrainer:
         self.checkpoint_dir, self.checkpoint_every, self.keep = checkpoint_dir, int(checkpoint_every), int(keep)
         self.log_every, self.metrics_file, self._log = int(log_every), metrics_file, log
         self.history: list[dict[str, Any]] = []
+        #: End-of-stage filter diagnostics by stage (``nn.stage_stats.stage_stats``)
+        self.stage_stats: dict[int, dict[str, float]] = {}
+        self._w0: tuple[int, Any] | None = None  # (stage, this rank's initial weights of it)
         self.should_stop = should_stop
         self._is_root = comm.Get_rank() == 0
 
@@ -298,6 +302,10 @@ class GreedyTrainer:
                 for key in ("loss", "reconstruction", "sparsity", "recon_rel", "pooled"):  # one minibatch is noisy
                     rec[f"{key}_mean"] = float(np.mean([r[key] for r in good]))
                 rec["mean_over"] = len(good)
+                rec.update(monitor.log_stats(self.plan, self.filter_layers[stage], self.params[self.filter_layers[stage]],
+                                             self._initial(stage)))
+                if _ == int(steps) - 1:  # this call's last step: the stage's filter diagnostics too
+                    rec.update(self._finish_stage(stage))
                 window = []
                 self._report(rec)
             elif self._is_root and hasattr(self._log, "isatty") and self._log.isatty():
@@ -309,6 +317,23 @@ class GreedyTrainer:
                     self.save()
             self._check_stop()
         return records
+
+    def _initial(self, stage: int) -> Any:
+        if self._w0 is None or self._w0[0] != stage:
+            self._w0 = (stage, monitor.initial_weights(self.plan, self.filter_layers[stage], self.seed,
+                                                        self.filter_norms[stage]))
+        return self._w0[1]
+
+    def _finish_stage(self, stage: int) -> dict[str, float]:
+        """The end-of-stage filter diagnostics: logged, kept in ``stage_stats`` and returned (for the metrics)."""
+        li = self.filter_layers[stage]
+        st = monitor.stage_stats(self.plan, li, self.params[li], self._initial(stage))
+        self.stage_stats[stage] = st
+        gabor = (f", Gabor-like {st['gabor_fraction']:.2f} (oriented {st['oriented_fraction']:.2f}; random weights "
+                 f"{st['random_gabor_fraction']:.2f})" if "gabor_fraction" in st else "")
+        self._say(f"stage {stage} filters: median cosine to init {st['cosine_to_init']:.3f}, median norm "
+                  f"{st['median_norm']:.3g}{gabor}")
+        return st
 
     def _check_stop(self) -> None:
         if self.should_stop is None:
@@ -346,6 +371,9 @@ class GreedyTrainer:
                   f"(reconstruction {rec['reconstruction']:.5g}, sparsity {rec['sparsity']:.5g}{mean}); "
                   f"{rec['images_per_s']:.1f} images/s; compute {comp * 1e3:.1f} ms, exchange "
                   f"{rec['exchange_seconds'] * 1e3:.1f} ms; lr {rec['lr']:.3g}")
+        self._write_metrics(rec)
+
+    def _write_metrics(self, rec: dict[str, Any]) -> None:
         if self.metrics_file and self._is_root:
             try:
                 with open(self.metrics_file, "a") as f:
@@ -425,16 +453,29 @@ class GreedyTrainer:
         return tr
 
 
-def _stage_norms(filter_norm: Any, stages: int) -> tuple[list[float | None], str | None]:
-    """``filter_norm`` as one entry per stage (None: unconstrained), or the error."""
+#: ``filter_norm = "auto"``: this fraction of the unit-gain norm, a reconstruction gain of
+#: 0.16.  Measured on 7x7 first-stage filters of the bundled photographs (README, "Training
+#: that learns"): at gain 0.16 the filters became localized edges and bars (Gabor fits
+#: explaining >= 50% of the variance for nearly all), at gain ~1 they stayed noisy.
+AUTO_NORM_FRACTION = 0.4
+
+
+def _stage_norms(filter_norm: Any, network: Network) -> tuple[list[float | None], str | None]:
+    """``filter_norm`` as one entry per stage (None: unconstrained; "auto" resolved), or the error."""
+    stages = len(network.stages)
     if filter_norm is None:
         return [None] * stages, None
     many = isinstance(filter_norm, (list, tuple))
     norms = list(filter_norm) if many else [filter_norm] * stages
     if len(norms) != stages:
         return [None] * stages, f"filter_norm needs one entry per stage ({stages}), got {len(norms)}"
+    for k, v in enumerate(norms):
+        if v == "auto":
+            li = network.filter_layers()[k]
+            norms[k] = AUTO_NORM_FRACTION * unit_gain_norm(network.layers[li], network.shapes[li][2])
     for v in norms:
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer))
                               or not 0 < float(v) < float("inf")):
-            return [None] * stages, f"filter_norm must be a positive number or None per stage, got {filter_norm!r}"
+            return [None] * stages, (f"filter_norm must be a positive number, \"auto\" or None per stage, "
+                                     f"got {filter_norm!r}")
     return [None if v is None else float(v) for v in norms], None

@@ -99,3 +99,35 @@ def test_bad_filter_norm_is_refused(bad):
     with pytest.raises(ValueError, match="filter_norm"):
         GreedyTrainer(Network.from_description(NET), InMemorySource(imgs), Adam(0.01), comm=MPI.COMM_SELF, batch=4,
                       filter_norm=bad)
+
+
+def test_auto_norm_is_a_fixed_fraction_of_the_unit_gain_norm_per_stage():
+    from cotsdl.train.trainer import AUTO_NORM_FRACTION
+    net = Network.from_description(NET)
+    imgs = np.random.default_rng(0).standard_normal((16, 16, 16, 1))
+    tr = GreedyTrainer(net, InMemorySource(imgs), Adam(0.01), comm=MPI.COMM_SELF, batch=4, log_every=0,
+                       filter_norm="auto")
+    want = [AUTO_NORM_FRACTION * unit_gain_norm(net.layers[li], net.shapes[li][2]) for li in net.filter_layers()]
+    assert tr.filter_norms == pytest.approx(want)
+    assert want[0] != pytest.approx(want[1])  # resolved per stage, not one number
+    f0 = tr.filter_layers[0]
+    assert np.allclose(np.sqrt((tr.params[f0].astype(np.float64) ** 2).sum(axis=(-3, -2, -1))), want[0], rtol=1e-5)
+    mixed = GreedyTrainer(net, InMemorySource(imgs), Adam(0.01), comm=MPI.COMM_SELF, batch=4, log_every=0,
+                          filter_norm=["auto", None])
+    assert mixed.filter_norms == [pytest.approx(want[0]), None]
+
+
+def test_stage_end_reports_filter_diagnostics_beside_random_weights():
+    imgs = np.random.default_rng(0).standard_normal((32, 16, 16, 1))
+    tr = GreedyTrainer(Network.from_description(NET), InMemorySource(imgs), Adam(0.05), comm=MPI.COMM_SELF, batch=8,
+                       lam=0.1, log_every=5, filter_norm="auto")
+    tr.train([10, 5])
+    first, second = tr.stage_stats[0], tr.stage_stats[1]
+    assert {"cosine_to_init", "median_norm", "gabor_fraction", "oriented_fraction", "median_gabor_r2",
+            "random_gabor_fraction"} <= set(first)
+    assert "gabor_fraction" not in second  # Gabor fits mean something on pixels only
+    assert -1 <= first["cosine_to_init"] < 0.999  # it trained
+    assert first["median_norm"] == pytest.approx(tr.filter_norms[0], rel=1e-5)
+    logged = [r for r in tr.history if "cosine_to_init" in r]
+    assert logged and all(np.isfinite(r["cosine_to_init"]) for r in logged)
+    assert any("gabor_fraction" in r for r in tr.history)  # the stage's last log line carries them
