@@ -16,13 +16,17 @@ def add_parser(sub) -> None:
         "evaluate", help="score every neuron of a trained run as a face detector, with controls, figures and a report",
         description="Push every labeled image through the trained network (distributed; run under mpiexec on any "
                     "number of ranks, or on 1), score every neuron of every layer as a face-vs-distractor threshold "
-                    "classifier chosen on a selection half and measured on a held-out half over K splits, score the "
-                    "controls the same way, and write report.json, report.md and figures into the run folder.")
+                    "classifier (high or low for faces) chosen on a selection half and measured on a held-out half "
+                    "over K splits that never split a group (identity), score the controls and a linear probe on "
+                    "each stage the same way, give 95%% intervals and paired differences by resampling groups, and "
+                    "write report.json, report.md and figures into the run folder.")
     p.add_argument("run", metavar="RUN", help="a run folder written by cotsdl train")
     p.add_argument("--dataset", help="labeled HDF5 set (default: faces.h5 beside the run's data.file)")
     p.add_argument("--control-run", metavar="RUN2", help="the same architecture trained without faces: a control")
     p.add_argument("--splits", type=int, default=20, help="random selection/test splits (default 20)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the splits and of the stimulus (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the splits, the resamples and the stimulus (default 0)")
+    p.add_argument("--bootstrap", type=int, default=1000, metavar="B",
+                   help="resamples of the groups for the 95%% intervals (default 1000, at least 100)")
     p.add_argument("--stimulus-steps", type=int, default=100, help="gradient-ascent steps (default 100)")
     p.add_argument("--figures", metavar="DIR", help="where the PNGs go (default: RUN/figures)")
     p.add_argument("--json", metavar="FILE", help="also write report.json here")
@@ -48,6 +52,8 @@ def _load_run(run: Path) -> tuple[dict[str, Any], Path, dict[str, Any]]:
 def _check_args(args) -> str | None:
     if args.splits < 2 or args.stimulus_steps < 0:
         return f"need --splits >= 2 and --stimulus-steps >= 0, got {args.splits} and {args.stimulus_steps}"
+    if args.bootstrap < 100:  # the 2.5% tails of fewer resamples rest on two or three values
+        return f"need --bootstrap >= 100, got {args.bootstrap}"
     from ..bench.common import check_output_path  # noqa: PLC0415
 
     return check_output_path(args.json)
@@ -115,14 +121,14 @@ def run(args) -> int:
         subject = experiment.Subject("network", f"the trained network (checkpoint {Path(ckpt).name})", plan,
                                      responses.load_params(plan, ckpt, comm))
         controls = [experiment.Subject("random_weights", "the same network with its initial random weights", plan,
-                                       plan.init_params(meta["seed"]))]
+                                       plan.init_params(meta["seed"], meta.get("filter_norm")))]  # as the trainer began
         if control is not None:  # the same architecture (checked above): the same plan
             controls.append(experiment.Subject("no_faces", f"the architecture trained without faces "
                                                f"({args.control_run})", plan, responses.load_params(plan, control[1], comm)))
         say(f"cotsdl evaluate {args.run}: {comm.Get_size()} rank(s), grid {grid.dims[0]}x{grid.dims[1]}, backend "
             f"{backend_name}, dataset {dataset} ({len(source)} images)")
         report, figs = experiment.run(subject, controls, source, k=args.splits, seed=args.seed,
-                                      stimulus_steps=args.stimulus_steps, say=say)
+                                      stimulus_steps=args.stimulus_steps, resamples=args.bootstrap, say=say)
     finally:
         source.close()
     status = 0
@@ -138,25 +144,34 @@ def run(args) -> int:
     return comm.bcast(status)  # every rank exits with the same status
 
 
+_LABEL = {"random_weights": "the random-weight network", "no_faces": "the network trained without faces"}
+
+
+def _vs(d: dict[str, Any]) -> str:
+    return f"{d['difference']:+.3f} [{d['ci_low']:.3f}, {d['ci_high']:.3f}]"
+
+
 def _sentence(report: dict[str, Any]) -> str:
-    net = next(r for r in report["rows"] if r["name"] == "network")
+    """The verdict in plain words: the best neuron, its paired differences, and what they decide."""
+    net = report["intervals"]["network"]
     b = report["best"]
-    where = f"layer {b['layer']} ({b['kind']} of stage {b['stage'] + 1}), unit {tuple(b['position'])}"
-    vs = "; ".join(f"{r['name']} {r['test_balanced_acc_mean']:.3f} ± {r['test_balanced_acc_std']:.3f}"
-                   for r in report["rows"] if r["name"] != "network")
-    head = (f"The best neuron reaches a held-out balanced accuracy of {net['test_balanced_acc_mean']:.3f} ± "
-            f"{net['test_balanced_acc_std']:.3f} over {report['scores']['network']['splits']} splits "
-            f"(in-sample best {net['in_sample_balanced_acc']:.3f}; the figures show {where}) against {vs}.")
-    label = {"random_weights": "the random-weight network", "no_faces": "the network trained without faces"}
-    names = " and ".join(label.get(m, m) for m in report["must_beat"])
+    where = (f"layer {b['layer']} ({b['kind']} of stage {b['stage'] + 1}), unit {tuple(b['position'])}, "
+             f"{'high' if b['polarity'] == 1 else 'low'} for faces")
+    diffs = "; ".join(f"{c['control']} {_vs(c)}" for c in report["comparisons"] if c["measure"] == "best_neuron")
+    head = (f"The best neuron reaches a held-out balanced accuracy of {net['score']:.3f} (95% interval "
+            f"[{net['ci_low']:.3f}, {net['ci_high']:.3f}] over {report['groups']} groups) over "
+            f"{report['scores']['network']['splits']} splits (the figures show {where}); best neuron minus "
+            f"control, paired, with 95% intervals: {diffs}.")
+    names = " and ".join(_LABEL.get(m, m) for m in report["must_beat"])
     if report["selective"] is None:
-        why = (f"the {' and '.join(label.get(m, m) for m in report['missing_controls'])} control was not run "
-               "(--control-run)" if report["missing_controls"] else "too few splits to measure a spread")
-        return head + f" Undecided: {why}, so no neuron is called face-selective."
+        missing = " and ".join(_LABEL.get(m, m) for m in report["missing_controls"])
+        return (head + f" Undecided: {missing} was not run as a control (--control-run), so no neuron is called "
+                "face-selective.")
     if report["selective"]:
-        return head + f" It beats {names} by more than the split-to-split spread: the network has a face-selective neuron."
-    return (head + f" It does not beat {names} by more than the split-to-split spread: no neuron is called "
-            "face-selective.")
+        return (head + f" It beats {names} (the lower end of each interval is above 0): the network has a "
+                "face-selective neuron.")
+    return (head + f" It does not beat both {names} (the lower end of an interval is not above 0): no neuron is "
+            "called face-selective.")
 
 
 def _context(args, cfg, meta, ckpt, dataset, grid, ranks, backend_name, network, control, seconds) -> dict[str, Any]:

@@ -1,13 +1,17 @@
 """The selectivity experiment: score every neuron of a trained network as a face detector,
 with controls scored the same way on the same splits.
 
-Scores are honest (``scoring.honest_scores``): a neuron and its threshold are
-chosen on a selection half of the labeled images and measured on the other half,
-over K seeded splits.  Controls: the same network with its initial random weights,
-the best single input pixel, a mean-face template, optionally the same architecture
-trained without faces (another run), and a linear probe on the last stage's outputs
-as an upper reference.  Everything here is collective over the model grid and gives
-the same numbers on any number of ranks.
+Scores are honest (``scoring.honest_scores``): a neuron, its polarity and its
+threshold are chosen on a selection half of the labeled images and measured on
+the other half, over K seeded splits made of whole groups (identities:
+``splits.group_splits``).  Controls: the same network with its initial random
+weights, the best single input pixel, a mean-face template, optionally the same
+architecture trained without faces (another run).  Linear probes on each stage's
+output compare the trained and the random-weight (and no-face) networks' features.
+Every measure is reduced to its calls on each split and scored on the same group
+resamples (``bootstrap``): intervals, paired differences, faces against each
+distractor kind (``comparisons``).  Everything here is collective over the model
+grid and gives the same numbers on any number of ranks.
 """
 from __future__ import annotations
 
@@ -22,7 +26,9 @@ from ..array.collective import raise_collectively
 from ..array.collect import gather
 from ..array.distarray import DistArray
 from ..nn.plan import NetworkPlan
-from . import responses, scoring, stimulus
+from ..ops.cpu.parallel import single_threaded_blas
+from . import bootstrap, comparisons, labeled, probe, responses, scoring, stages, stimulus
+from . import splits as splits_mod
 
 
 @dataclass
@@ -58,8 +64,10 @@ def label_error(path: Any, y: np.ndarray) -> str | None:
     return None
 
 
-def template_scores(X: np.ndarray, y: np.ndarray, k: int, seed: int) -> dict[str, Any]:
-    """The mean-face control: correlation with the mean face of the selection half, scored like a neuron."""
+def template_scores(X: np.ndarray, y: np.ndarray,
+                    splits: list[tuple[np.ndarray, np.ndarray]]) -> tuple[dict[str, Any], np.ndarray]:
+    """The mean-face control: correlation with the mean face of the selection half, scored like a neuron
+    (either polarity); returns its scores and its (k, N) calls."""
     Xc = X - X.mean(axis=1, keepdims=True)
     Xc /= np.maximum(np.linalg.norm(Xc, axis=1, keepdims=True), 1e-12)
 
@@ -68,79 +76,188 @@ def template_scores(X: np.ndarray, y: np.ndarray, k: int, seed: int) -> dict[str
         t -= t.mean()
         return (Xc @ (t / max(np.linalg.norm(t), 1e-12)))[:, None]
 
-    acc, bal = [], []
-    for sel, test in scoring.stratified_splits(y, k, seed):
-        c = scoring.local_candidate(feature(sel[y[sel] == 1]), y, sel, test, np.array([0]))
-        acc.append(c.test_acc)
-        bal.append(c.test_balanced_acc)
+    calls, thresholds, polarities = np.zeros((len(splits), len(y)), bool), [], []
+    for s, (sel, test) in enumerate(splits):
+        f = feature(sel[y[sel] == 1])
+        c = scoring.local_candidate(f, y, sel, test, np.array([0]))
+        calls[s] = scoring.rule(f[:, 0], c.threshold, c.polarity)
+        thresholds.append(c.threshold)
+        polarities.append(c.polarity)
     everything = np.arange(len(y))
     ins = scoring.local_candidate(feature(everything[y == 1]), y, everything, everything, np.array([0]))
-    return {"splits": k, "test_acc": acc, "test_balanced_acc": bal, "mean_acc": float(np.mean(acc)),
-            "std_acc": float(np.std(acc)), "mean_balanced_acc": float(np.mean(bal)),
-            "std_balanced_acc": float(np.std(bal)),
-            "in_sample": {"neuron": 0, "threshold": ins.threshold, "acc": ins.test_acc,
-                          "balanced_acc": ins.test_balanced_acc}}
+    out = {**scoring.split_scores(calls, y, splits), "thresholds": thresholds, "polarities": polarities,
+           "in_sample": {"neuron": 0, "threshold": ins.threshold, "polarity": ins.polarity, "acc": ins.test_acc,
+                         "balanced_acc": ins.test_balanced_acc}}
+    return out, calls
+
+
+def neuron_calls(scores: dict[str, Any], columns: np.ndarray) -> np.ndarray:
+    """(k, N) calls of the rule chosen on each split; ``columns[:, s]``: the responses of split s's neuron."""
+    return np.stack([scoring.rule(columns[:, s], t, p)
+                     for s, (t, p) in enumerate(zip(scores["thresholds"], scores["polarities"]))])
 
 
 #: The controls a neuron must beat to be called face-selective (DESIGN of the experiment: issue 10).
 DECIDING = ("random_weights", "no_faces")
-#: Fewer splits give no spread to compare with.
-MIN_SPLITS_FOR_VERDICT = 5
+
+
+@dataclass
+class Scored:
+    """A network's best-neuron scores and calls, its last stage's best neuron's scores and calls, its
+    probes' calls per stage, each layer's scores and each stage's silent fraction."""
+
+    scores: dict[str, Any]
+    calls: np.ndarray
+    top: dict[str, Any]
+    top_calls: np.ndarray
+    probes: list[np.ndarray]
+    layers: list[dict[str, Any]]
+    silent: list[float]
+
+
+def _layer_columns(ids: np.ndarray, info: responses.LayerInfo) -> slice | np.ndarray:
+    """This rank's columns of one layer: a slice when the ids are in order (they are: layer by layer)."""
+    if np.all(np.diff(ids) > 0):
+        return slice(*np.searchsorted(ids, [info.offset, info.offset + info.size]))
+    return (ids >= info.offset) & (ids < info.offset + info.size)
+
+
+def _score(subject: Subject, source: Any, y: np.ndarray, splits: list, combine: Callable,
+           infos: list) -> tuple[Scored, np.ndarray, np.ndarray]:
+    """Responses of every neuron of ``subject``, its honest scores (of all neurons and of each layer),
+    calls and stage probes (collective)."""
+    comm = subject.plan.grid.comm
+    R, ids = _finite(comm, subject.name, *responses.collect(subject.plan, subject.params, source, len(y)))
+    per = []
+    for info in infos:  # each layer once; the best of all neurons is the best of the layers' bests
+        cols = _layer_columns(ids, info)
+        per.append(scoring.honest_candidates(R[:, cols], y, splits, ids[cols], combine))
+    scores = scoring.summarize(scoring.best_of(*per))
+    calls = neuron_calls(scores, responses.columns(R, ids, scores["neurons"], comm))
+    last = infos[-1].stage
+    top = scoring.summarize(scoring.best_of(*[p for p, info in zip(per, infos) if info.stage == last]))
+    top_calls = neuron_calls(top, responses.columns(R, ids, top["neurons"], comm))
+    layers = [{"layer": info.index, "kind": info.kind, "stage": info.stage, "neurons": info.size,
+               "mean_balanced_acc": s["mean_balanced_acc"], "std_balanced_acc": s["std_balanced_acc"],
+               "in_sample_balanced_acc": s["in_sample"]["balanced_acc"]}
+              for info, s in zip(infos, map(scoring.summarize, per))]
+    return Scored(scores, calls, top, top_calls, probe.stage_calls(R, ids, infos, y, splits, comm), layers,
+                  stages.silent_fractions(R, ids, infos, comm)), R, ids
+
+
+def _layout(source: Any, y: np.ndarray, k: int, seed: int, comm) -> tuple:
+    """(groups, kinds, kind names, splits) of the labeled set, checked collectively."""
+    err, out = None, None
+    try:
+        groups, kinds, names = labeled.groups_and_kinds(source, y)
+        out = (groups, kinds, names, scoring.stratified_splits(y, k, seed, groups, kinds))
+        err = splits_mod.split_error(y, out[3])
+    except ValueError as e:
+        err = str(e)
+    raise_collectively(comm, err)  # the same file on every rank: the same verdict
+    return out
 
 
 def run(subject: Subject, controls: list[Subject], source: Any, *, k: int = 20, seed: int = 0,
-        stimulus_steps: int = 100, say: Callable[[str], None] = lambda m: None) -> tuple[dict, dict]:
+        stimulus_steps: int = 100, resamples: int = 1000,
+        say: Callable[[str], None] = lambda m: None) -> tuple[dict, dict]:
     """Score ``subject`` and every control; returns (report numbers, figure data) on every rank
     of the grid (figure data is complete on rank 0 of the grid).
 
-    ``selective`` is True or False only when every control of :data:`DECIDING` was run
-    (and there are enough splits), else None: undecided."""
+    ``selective`` is True or False only when every control of :data:`DECIDING` was run,
+    else None: undecided.  It is True when the lower end of the 95% interval of the
+    paired difference (best neuron minus control) is above 0 for each of them.
+
+    BLAS runs one thread per rank throughout: ranks share the node's cores, and the
+    many small solves of the probes and the bootstrap are several times slower
+    with threads competing for them (the forward passes run on the backend's own
+    thread pool as in training)."""
+    with single_threaded_blas():
+        return _run(subject, controls, source, k, seed, stimulus_steps, resamples, say)
+
+
+def _run(subject, controls, source, k, seed, stimulus_steps, resamples, say) -> tuple[dict, dict]:
     comm = subject.plan.grid.comm
     images, y = labeled_images(source)
     raise_collectively(comm, label_error(source.path, y))  # before the costly part; the same file on every rank
+    groups, kinds, names, splits = _layout(source, y, k, seed, comm)
+    boot = bootstrap.GroupBootstrap(y, splits, groups, resamples, seed)
     n = len(y)
     combine = responses.combine_best(comm)
     infos = responses.layer_infos(subject.plan)
     t0 = time.perf_counter()
-    R, ids = _finite(comm, subject.name, *responses.collect(subject.plan, subject.params, source, n))
+    net, R, ids = _score(subject, source, y, splits, combine, infos)
+    best = net.scores
     say(f"responses of {sum(i.size for i in infos)} neurons in {len(infos)} layers to {n} images "
-        f"({int(y.sum())} faces) in {time.perf_counter() - t0:.1f} s")
-    best = scoring.honest_scores(R, y, k, seed, ids=ids, combine=combine)
-    per_layer = []
-    for info in infos:
-        sel = (ids >= info.offset) & (ids < info.offset + info.size)
-        s = scoring.honest_scores(R[:, sel], y, k, seed, ids=ids[sel], combine=combine)
-        per_layer.append({"layer": info.index, "kind": info.kind, "stage": info.stage, "neurons": info.size,
-                          "mean_balanced_acc": s["mean_balanced_acc"], "std_balanced_acc": s["std_balanced_acc"],
-                          "in_sample_balanced_acc": s["in_sample"]["balanced_acc"]})
+        f"({int(y.sum())} faces, {boot.weights.shape[1]} groups), scores and stage probes in "
+        f"{time.perf_counter() - t0:.1f} s")
+    per_layer = net.layers
     say(f"best neuron: held-out balanced accuracy {best['mean_balanced_acc']:.3f} ± {best['std_balanced_acc']:.3f} "
         f"over {k} splits (in-sample {best['in_sample']['balanced_acc']:.3f})")
     rows = {subject.name: (subject.what, best)}
+    calls = {subject.name: net.calls}
+    probes = {subject.name: net.probes}
+    scored = {subject.name: net}
     for c in controls:
-        Rc, idc = _finite(comm, c.name, *responses.collect(c.plan, c.params, source, n))
-        rows[c.name] = (c.what, scoring.honest_scores(Rc, y, k, seed, ids=idc, combine=combine))
-        say(f"control {c.name}: {rows[c.name][1]['mean_balanced_acc']:.3f} ± {rows[c.name][1]['std_balanced_acc']:.3f}")
+        got, _, _ = _score(c, source, y, splits, combine, infos)  # its responses are dropped here
+        rows[c.name], calls[c.name], probes[c.name] = (c.what, got.scores), got.calls, got.probes
+        scored[c.name] = got
+        say(f"control {c.name}: {got.scores['mean_balanced_acc']:.3f} ± {got.scores['std_balanced_acc']:.3f}")
     X = images.reshape(n, -1).astype(np.float64)
-    rows["pixel"] = ("the best single input pixel", scoring.honest_scores(X, y, k, seed))
-    rows["mean_face"] = ("correlation with the mean face of the selection half", template_scores(X, y, k, seed))
-    last = infos[-1]
-    rows["linear_probe"] = (f"upper reference: ridge least squares on all {last.size} outputs of the last stage",
-                            scoring.linear_probe(responses.gather_features(R, ids, last, comm), y, k, seed))
-    for name in ("pixel", "mean_face", "linear_probe"):
+    pixel = scoring.honest_scores(X, y, splits=splits)
+    rows["best_pixel"] = ("the best single input pixel", pixel)
+    calls["best_pixel"] = neuron_calls(pixel, X[:, pixel["neurons"]])
+    template, calls["mean_face"] = template_scores(X, y, splits)
+    rows["mean_face"] = ("correlation with the mean face of the selection half", template)
+    last = probe.stage_outputs(infos)[-1]
+    calls["linear_probe"] = probes[subject.name][-1]
+    rows["linear_probe"] = (f"ridge least squares on all {last.size} outputs of the last stage (a reference)",
+                            scoring.split_scores(calls["linear_probe"], y, splits))
+    for name in ("best_pixel", "mean_face", "linear_probe"):
         say(f"control {name}: {rows[name][1]['mean_balanced_acc']:.3f} ± {rows[name][1]['std_balanced_acc']:.3f}")
 
-    verdicts = {name: scoring.paired_verdict(best, rows[name][1]) for name in rows if name != subject.name}
-    must_beat = list(DECIDING)
-    decided = all(m in verdicts for m in must_beat) and k >= MIN_SPLITS_FOR_VERDICT
-    selective = all(verdicts[m]["beats"] for m in must_beat) if decided else None
-    report = {"best": _best(best, infos, 0), "scores": {name: s for name, (_, s) in rows.items()},
-              "per_layer": per_layer, "verdicts": verdicts, "selective": selective, "must_beat": must_beat,
-              "missing_controls": [m for m in must_beat if m not in verdicts],
-              "images": n, "faces": int(y.sum()),
-              "rows": [_row(name, what, s, verdicts.get(name)) for name, (what, s) in rows.items()]}
-    figures = _figure_data(subject, R, ids, y, images, best, infos, k, seed, stimulus_steps, comm)
+    report = _summaries(boot, rows, calls, probes, scoring.probe_calls(X, y, splits), infos, y, groups,
+                        kinds, names, seed)
+    report.update({"best": _best(best, infos, 0), "per_layer": per_layer, "images": n, "faces": int(y.sum())})
+    top_intervals, top_vs = comparisons.top_stage(boot, {name: s.top_calls for name, s in scored.items()},
+                                                  infos[-1].stage)
+    report["top_stage"] = {"stage": infos[-1].stage, "intervals": top_intervals,
+                           "best": _best(net.top, infos, 0)}
+    report["comparisons"] += top_vs
+    random = next((c for c in controls if c.name == "random_weights"), None)
+    if random is not None:  # the trained network's start: filters, activity and best neuron per stage
+        r = scored[random.name]
+        report["stages"] = stages.table(subject.plan, subject.params, random.params, net.silent, r.silent,
+                                        net.layers, r.layers)
+    figures = _figure_data(subject, R, ids, y, images, best, infos, splits, seed, stimulus_steps, comm)
     report["best"]["stimulus_trace"] = figures.pop("trace")
     return report, figures
+
+
+def _summaries(boot, rows, calls, probes, pixels, infos, y, groups, kinds, names, seed) -> dict[str, Any]:
+    """Intervals, paired differences, verdicts, per-kind and per-stage-probe numbers of the report."""
+    resampled = {name: boot.scores(c) for name, c in calls.items()}
+    intervals, best_vs = comparisons.best_neuron({n: v for n, v in resampled.items() if n != "linear_probe"})
+    intervals["linear_probe"] = bootstrap.summary(resampled["linear_probe"])
+    net = next(iter(rows))
+    verdicts = {name: comparisons.verdict(bootstrap.difference(resampled[net], resampled[name]),
+                                          scoring.paired_verdict(rows[net][1], s))
+                for name, (_, s) in rows.items() if name != net}
+    stages = [{"stage": info.stage, "layer": info.index, "features": info.size} for info in probe.stage_outputs(infos)]
+    probe_table, probe_vs = comparisons.stage_probes(boot, probes, stages, pixels)
+    must_beat = list(DECIDING)
+    decided = all(m in verdicts for m in must_beat)
+    kind_masks = labeled.distractor_kinds(y, kinds, names)
+    single = {n: c for n, c in calls.items() if n != "linear_probe"}
+    return {"scores": {name: s for name, (_, s) in rows.items()}, "verdicts": verdicts,
+            "selective": all(verdicts[m]["beats"] for m in must_beat) if decided else None,
+            "must_beat": must_beat, "missing_controls": [m for m in must_beat if m not in verdicts],
+            "groups": int(boot.weights.shape[1]),
+            "kinds": {name: int(np.sum(kinds == code)) for code, name in enumerate(names)},
+            "bootstrap": {"resamples": boot.resamples, "unit": "group", "level": bootstrap.LEVEL, "seed": seed},
+            "intervals": intervals, "comparisons": best_vs + probe_vs,
+            "per_kind": comparisons.per_kind(boot, single, kind_masks, groups), "probes": probe_table,
+            "rows": [_row(name, what, s, intervals[name], verdicts.get(name)) for name, (what, s) in rows.items()]}
 
 
 def _finite(comm, name: str, R: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -157,30 +274,38 @@ def _best(scores: dict, infos: list, split: int) -> dict[str, Any]:
     neuron = int(scores["neurons"][split])
     info = responses.which_layer(infos, neuron)
     return {"neuron": neuron, "layer": info.index, "kind": info.kind, "stage": info.stage,
-            "position": list(info.position(neuron)), "threshold": float(scores["thresholds"][split]), "split": split,
+            "position": list(info.position(neuron)), "threshold": float(scores["thresholds"][split]),
+            "polarity": int(scores["polarities"][split]), "split": split,
+            "polarities": {"high": scores["polarities"].count(1), "low": scores["polarities"].count(-1)},
             "chosen_layers": sorted({responses.which_layer(infos, int(v)).index for v in scores["neurons"]})}
 
 
-def _row(name: str, what: str, s: dict, verdict: dict | None) -> dict[str, Any]:
+def _row(name: str, what: str, s: dict, interval: dict, verdict: dict | None) -> dict[str, Any]:
     return {"name": name, "what": what, "test_balanced_acc_mean": s["mean_balanced_acc"],
-            "test_balanced_acc_std": s["std_balanced_acc"], "test_acc_mean": s["mean_acc"],
+            "test_balanced_acc_std": s["std_balanced_acc"], "ci_low": interval["ci_low"],
+            "ci_high": interval["ci_high"], "test_acc_mean": s["mean_acc"],
             "test_acc_std": s["std_acc"], "in_sample_balanced_acc": s.get("in_sample", {}).get("balanced_acc"),
+            "polarity": s.get("in_sample", {}).get("polarity"),
+            "difference": None if verdict is None else verdict["difference"],
+            "difference_ci": None if verdict is None else [verdict["ci_low"], verdict["ci_high"]],
             "beats": None if verdict is None else bool(verdict["beats"])}
 
 
-def _figure_data(subject: Subject, R, ids, y, images, scores, infos, k, seed, steps, comm) -> dict[str, Any]:
+def _figure_data(subject: Subject, R, ids, y, images, scores, infos, splits, seed, steps, comm) -> dict[str, Any]:
     b = _best(scores, infos, 0)
     r = responses.column(R, ids, b["neuron"], comm)
-    sel, test = scoring.stratified_splits(y, k, seed)[0]
-    order = test[np.argsort(-r[test], kind="stable")]
+    sel, test = splits[0]
+    # most face-like first: the highest responses, or the lowest for a neuron that is low for faces
+    order = test[np.argsort(-b["polarity"] * r[test], kind="stable")]
     w0 = subject.plan.network.filter_layers()[0]
     shape, box = subject.plan.weight_box(w0)
     filters = gather(DistArray(comm, shape, box, box, data=np.ascontiguousarray(subject.params[w0])))
     one = NetworkPlan(subject.plan.network, subject.plan.grid, 1, subject.plan.dtype)
     img, trace = stimulus.optimal_stimulus(one, subject.params, b["layer"], tuple(b["position"]),
-                                           stimulus.mean_norm(images[y == 1]), steps=steps, seed=seed)
+                                           stimulus.mean_norm(images[y == 1]), steps=steps, seed=seed,
+                                           sign=b["polarity"])
     return {"filters": filters, "faces": r[test][y[test] == 1], "distractors": r[test][y[test] == 0],
-            "threshold": b["threshold"], "top": images[order[:16]], "bottom": images[order[::-1][:16]],
-            "top_r": r[order[:16]], "bottom_r": r[order[::-1][:16]], "top_y": y[order[:16]],
-            "bottom_y": y[order[::-1][:16]], "stimulus": img, "mean_face": images[sel][y[sel] == 1].mean(axis=0),
-            "trace": trace}
+            "threshold": b["threshold"], "polarity": b["polarity"], "top": images[order[:16]],
+            "bottom": images[order[::-1][:16]], "top_r": r[order[:16]], "bottom_r": r[order[::-1][:16]],
+            "top_y": y[order[:16]], "bottom_y": y[order[::-1][:16]], "stimulus": img,
+            "mean_face": images[sel][y[sel] == 1].mean(axis=0), "trace": trace}

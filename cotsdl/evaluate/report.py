@@ -19,7 +19,7 @@ TITLES = {
     "filters": "First-stage filters",
     "curves": "Training curves",
     "histograms": "Responses of the best neuron",
-    "top_bottom": "Strongest and weakest held-out images",
+    "top_bottom": "Most and least face-like held-out images",
     "stimulus": "Optimal stimulus",
     "throughput": "Training throughput",
 }
@@ -68,19 +68,79 @@ def _cell(v: Any) -> str:
     return str(v).replace("|", "\\|").replace("\n", " ")
 
 
+def _ci(lo: Any, hi: Any) -> str:
+    return f"[{_num(lo)}, {_num(hi)}]" if _finite(lo) and _finite(hi) else "–"
+
+
+def _score(d: Any) -> str:
+    """``score [ci_low, ci_high]`` of a summary dict."""
+    if not isinstance(d, dict) or not _finite(d.get("score")):
+        return "–"
+    return f"{_num(d['score'])} {_ci(d.get('ci_low'), d.get('ci_high'))}"
+
+
+def _diff(d: Any) -> str:
+    """``+difference [ci_low, ci_high]``, bold when the interval lies above 0."""
+    if not isinstance(d, dict) or not _finite(d.get("difference")):
+        return "–"
+    text = f"{float(d['difference']):+.3f} {_ci(d.get('ci_low'), d.get('ci_high'))}"
+    return f"**{text}**" if _finite(d.get("ci_low")) and d["ci_low"] > 0 else text
+
+
 def _table(rows: list[dict], verdicts: dict) -> list[str]:
-    out = ["| | what | held-out balanced acc. | held-out acc. | in-sample balanced acc. | best − it (per split) "
-           "| beaten by the best neuron |",
-           "|---|---|---|---|---|---|---|"]
+    out = ["| | what | held-out balanced acc. (mean ± std over splits) | 95% interval | held-out acc. "
+           "| in-sample balanced acc. | best − it [95% interval] | beaten by the best neuron |",
+           "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         v = verdicts.get(r.get("name")) or {}
-        diff = f"{float(v['mean_diff']):+.3f} ± {_num(v['std_diff'])}" if v and _finite(v.get("mean_diff")) else "–"
         beats = {True: "**yes**", False: "no", None: "–"}[r.get("beats")]
         name = f"**{r.get('name')}**" if r.get("name") == "network" else str(r.get("name"))
         out.append(f"| {_cell(name)} | {_cell(r.get('what', ''))} "
                    f"| {_pm(r.get('test_balanced_acc_mean'), r.get('test_balanced_acc_std'))} "
+                   f"| {_ci(r.get('ci_low'), r.get('ci_high'))} "
                    f"| {_pm(r.get('test_acc_mean'), r.get('test_acc_std'))} "
-                   f"| {_num(r.get('in_sample_balanced_acc'))} | {diff} | {beats} |")
+                   f"| {_num(r.get('in_sample_balanced_acc'))} | {_diff(v)} | {beats} |")
+    return out
+
+
+def _kinds_table(per_kind: list[dict]) -> list[str]:
+    """Faces against each distractor kind: a row per kind, every measure and the network's differences."""
+    measures = list(dict.fromkeys(m for k in per_kind for m in k.get("scores", {})))
+    controls = list(dict.fromkeys(c for k in per_kind for c in k.get("differences", {})))
+    out = ["| distractor kind | images (groups) | " + " | ".join(measures) + " | "
+           + " | ".join(f"network − {c}" for c in controls) + " |",
+           "|---|---|" + "---|" * (len(measures) + len(controls))]
+    for k in per_kind:
+        out.append(f"| {_cell(k.get('kind'))} | {k.get('distractors')} ({k.get('groups')}) | "
+                   + " | ".join(_score(k["scores"].get(m)) for m in measures) + " | "
+                   + " | ".join(_diff(k["differences"].get(c)) for c in controls) + " |")
+    return out
+
+
+def _probes_table(probes: list[dict]) -> list[str]:
+    """The linear probe on each stage's output: a row per stage."""
+    measures = list(dict.fromkeys(m for p in probes for m in p.get("scores", {})))
+    controls = list(dict.fromkeys(c for p in probes for c in p.get("differences", {})))
+    out = ["| stage | layer | features | " + " | ".join(measures) + " | "
+           + " | ".join(f"network − {c}" for c in controls) + " |",
+           "|---|---|---|" + "---|" * (len(measures) + len(controls))]
+    for p in probes:
+        stage = p.get("stage")
+        out.append(f"| {stage + 1 if isinstance(stage, int) else stage} | {p.get('layer')} | {p.get('features')} | "
+                   + " | ".join(_score(p["scores"].get(m)) for m in measures) + " | "
+                   + " | ".join(_diff(p["differences"].get(c)) for c in controls) + " |")
+    return out
+
+
+def _stages_table(stages: list[dict]) -> list[str]:
+    """Per-stage diagnostics (written by the trainer's side): a row per stage, every scalar key a column."""
+    scalar = (int, float, str, bool, np.integer, np.floating, type(None))
+    keys = list(dict.fromkeys(k for st in stages if isinstance(st, dict) for k, v in st.items()
+                              if isinstance(v, scalar)))
+    out = ["| " + " | ".join(_cell(k) for k in keys) + " |", "|" + "---|" * len(keys)]
+    for st in stages:
+        if isinstance(st, dict):
+            out.append("| " + " | ".join(_cell(_num(st.get(k))) for k in keys) + " |")
     return out
 
 
@@ -116,14 +176,19 @@ def _captions(report: dict) -> dict[str, str]:
         "histograms": f"The responses of {where} to the held-out test half of {split}: faces against the other "
                       "images, as densities over shared bins. The dashed line is the threshold "
                       + (f"({_num(thr, 3)}) " if thr is not None else "")
-                      + "chosen on the selection half only; the separation of the two histograms around it is "
+                      + "chosen on the selection half only (faces "
+                      + ("below" if b.get("polarity") == -1 else "above") + " it); the separation of the two histograms around it is "
                         "what the held-out balanced accuracy"
                       + (f" ({_pm(net.get('test_balanced_acc_mean'), net.get('test_balanced_acc_std'))})"
                          if net else "") + " measures.",
-        "top_bottom": f"The 16 held-out images that drive {where} most (top) and least (bottom), each scaled to "
-                      "its own range and captioned with the response and its label. A face-selective neuron has "
-                      "mostly faces on top and none at the bottom.",
-        "stimulus": f"The input of fixed norm that maximizes the response of {where}, found by projected gradient "
+        "top_bottom": f"The 16 held-out images that {where} calls most face-like (top) and least (bottom): "
+                      + ("those that drive it least on top, since it signals faces by responding low; "
+                         if b.get("polarity") == -1 else "those that drive it most on top; ")
+                      + "each scaled to its own range and captioned with the response and its label. A "
+                        "face-selective neuron has mostly faces on top and none at the bottom.",
+        "stimulus": f"The input of fixed norm that {'minimizes' if b.get('polarity') == -1 else 'maximizes'} the "
+                    f"response of {where} (the face-like direction: it signals faces by responding "
+                    f"{'low' if b.get('polarity') == -1 else 'high'}), found by projected gradient "
                     "ascent through the network, shown symmetric around zero (mid gray is 0), beside the mean "
                     "face of the selection half. A face-selective neuron's optimal stimulus tends to show a "
                     "face-like layout (eyes, nose, mouth) where its receptive field lies.",
@@ -193,25 +258,69 @@ def write_report(folder: str | os.PathLike, report: dict, figures: dict[str, Any
     lines += ["## The best neuron against the controls", ""]
     n_img, n_face = report.get("images"), report.get("faces")
     splits = (report.get("scores", {}).get("network") or {}).get("splits")
+    boot = report.get("bootstrap") or {}
     lines += ["Each score is the mean ± standard deviation over "
               + (f"{splits} " if splits else "")
               + "random splits of the evaluation images"
-              + (f" ({n_img} images, {n_face} faces)" if n_img is not None and n_face is not None else "")
-              + " into a selection half, where the neuron (or control) and its threshold are chosen, and a test "
-                "half, where it is scored. Balanced accuracy is the mean of the accuracies on faces and on other "
-                "images (0.5 is chance). “Beaten” means the per-split difference best − control has a mean larger "
-                "than its spread."
+              + (f" ({n_img} images, {n_face} faces" if n_img is not None and n_face is not None else "")
+              + (f", {report['groups']} groups" if report.get("groups") is not None else "")
+              + (")" if n_img is not None and n_face is not None else "")
+              + " into a selection half, where the neuron (or control), its polarity (high or low for faces) "
+                "and its threshold are chosen, and a test half, where it is scored; the halves never split a "
+                "group (the views of one identity). Balanced accuracy is the mean of the accuracies on faces "
+                "and on other images (0.5 is chance). The 95% intervals are percentile intervals over "
+              + (f"{boot['resamples']} " if boot.get("resamples") else "")
+              + "resamples of the groups (identities, not single views) with each split's chosen rule held "
+                "fixed; every measure is scored on the same resamples, so best − control is a paired "
+                "difference. “Beaten” means the lower end of its interval is above 0."
               + (f" Selectivity is decided against: {', '.join(report['must_beat'])}."
                  if report.get("must_beat") else ""), ""]
     lines += _table(report.get("rows", []), report.get("verdicts") or {})
     lines.append("")
     if b:
+        pol = b.get("polarity")
+        signal = {1: f"it signals faces by responding **high** (face iff response ≥ {_num(b.get('threshold'))})",
+                  -1: f"it signals faces by responding **low** (face iff response < {_num(b.get('threshold'))})"}
+        count = b.get("polarities") or {}
         lines += [f"The neuron shown in the figures is the one chosen on the selection half of split "
-                  f"{b.get('split', 0) + 1}: {_where(b)}, global id {b.get('neuron')}, threshold {_num(b.get('threshold'))}"
+                  f"{b.get('split', 0) + 1}: {_where(b)}, global id {b.get('neuron')}"
+                  + (f"; {signal[pol]}" if pol in signal else f", threshold {_num(b.get('threshold'))}")
                   + (f"; over all splits the chosen neurons came from layer(s) "
-                     f"{', '.join(map(str, b['chosen_layers']))}" if b.get("chosen_layers") else "") + ".", ""]
+                     f"{', '.join(map(str, b['chosen_layers']))}" if b.get("chosen_layers") else "")
+                  + (f" and were high for faces in {count.get('high', 0)} split(s), low in {count.get('low', 0)}"
+                     if count else "") + ".", ""]
+    top = report.get("top_stage")
+    if isinstance(top, dict) and top.get("intervals"):
+        vs = [c for c in report.get("comparisons", []) if c.get("measure") == "top_stage_neuron"]
+        stage = top.get("stage")
+        lines += ["### The best neuron of the last stage", "",
+                  f"The same choice restricted to the neurons of stage {stage + 1 if isinstance(stage, int) else stage} "
+                  "(where the paper found its face neuron): the best neuron overall may be a first-stage unit that "
+                  "random filters match as well.", "",
+                  "| | held-out balanced acc. [95% interval] | network − it [95% interval] |", "|---|---|---|"]
+        for name, iv in top["intervals"].items():
+            d = next((c for c in vs if c.get("control") == name), None)
+            lines.append(f"| {_cell(name)} | {_score(iv)} | {_diff(d) if d else '–'} |")
+        lines.append("")
+    if report.get("per_kind"):
+        lines += ["### Faces against each kind of distractor", "",
+                  "The rules chosen against all distractors, scored on the faces against one kind of distractor "
+                  "at a time (balanced accuracy [95% interval]); the last columns are the network's paired "
+                  "differences.", ""] + _kinds_table(report["per_kind"]) + [""]
+    if report.get("probes"):
+        lines += ["### Linear probes on each stage", "",
+                  "Ridge least squares on all outputs of a stage (its LCN layer), fitted on the selection half and "
+                  "scored on the test half of the same splits, for the trained network and its controls (pixels: "
+                  "the same probe on the input, a reference).", ""] + _probes_table(report["probes"]) + [""]
     if report.get("per_layer"):
         lines += ["### The best neuron of each layer", ""] + _per_layer(report["per_layer"]) + [""]
+    if isinstance(report.get("stages"), list) and report["stages"]:
+        lines += ["## Stages", "", "What training did to each stage, beside the random-weight network it "
+                  "started from (random_* columns): the median cosine of each unit's filter to its initial one, "
+                  "the median filter norm, for the first stage the fraction of a sample of filters that a Gabor "
+                  "fits with R² ≥ 0.5 (oriented: elongated ones), the fraction of units silent on the evaluation "
+                  "images (peak response below 5% of the median unit's), and the best held-out balanced accuracy "
+                  "of a neuron of the stage.", ""] + _stages_table(report["stages"]) + [""]
 
     errors = report.get("figure_errors") or {}
     captions = _captions(report)

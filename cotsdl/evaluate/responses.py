@@ -105,6 +105,21 @@ def column(R: np.ndarray, ids: np.ndarray, neuron: int, comm: MPI.Comm) -> np.nd
     return comm.bcast(R[:, hit[0]].copy() if comm.Get_rank() == owner else None, root=owner)
 
 
+def columns(R: np.ndarray, ids: np.ndarray, neurons, comm: MPI.Comm) -> np.ndarray:
+    """The responses (count x len(neurons)) of some neurons on every rank, in the order given
+    (repeats allowed): one allgather of the few columns each rank owns."""
+    want = np.asarray(neurons, np.int64)
+    hit = np.isin(ids, want)
+    table = {}
+    for got, block in comm.allgather((ids[hit], R[:, hit])):
+        for j, neuron in enumerate(got):
+            table.setdefault(int(neuron), block[:, j])
+    missing = sorted(set(want.tolist()) - set(table))
+    if missing:
+        raise ValueError(f"no rank holds neuron(s) {missing[:5]}")
+    return np.stack([table[int(v)] for v in want], axis=1) if len(want) else np.zeros((R.shape[0], 0), R.dtype)
+
+
 def gather_features(R: np.ndarray, ids: np.ndarray, info: LayerInfo, comm: MPI.Comm) -> np.ndarray:
     """The whole (count x neurons) response matrix of one layer on every rank, in id order."""
     sel = (ids >= info.offset) & (ids < info.offset + info.size)

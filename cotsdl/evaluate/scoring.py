@@ -2,11 +2,13 @@
 of the images and measured on the other.
 
 Every neuron's responses to N labeled images (faces = 1, distractors = 0) form a
-column of ``R`` (N images x M neurons).  A neuron classifies by the rule
-"face iff r >= t" (positive polarity only: a face neuron fires more for faces).
-Picking the best of many thousands of neurons and its threshold on a few hundred
-images inflates the score, so the selection is made on one half of a stratified
-split and the score is measured on the other, over ``k`` splits.  Classes are
+column of ``R`` (N images x M neurons).  A neuron classifies in one of two
+polarities: "face iff r >= t" (it fires more for faces) or "face iff r < t" (it
+is silenced by faces: after pooling and contrast normalization a unit tuned to
+what faces lack is as informative as one tuned to faces).  Picking the best of
+many thousands of neurons, its polarity and its threshold on a few hundred images
+inflates the score, so the selection is made on one half of a split (whole
+groups: :mod:`.splits`) and the score is measured on the other, over ``k`` splits.  Classes are
 unbalanced, so neurons and thresholds are chosen by balanced accuracy
 ((TPR + TNR) / 2); plain accuracy is reported beside it.
 
@@ -21,6 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from . import ridge
+from .splits import group_splits
 
 # Columns sorted at a time: bounds the (columns x images) temporaries (~ a few MiB each).
 _CHUNK_ELEMENTS = 1 << 20
@@ -37,9 +42,11 @@ class Candidate:
     neuron : int
         Global neuron id.
     threshold : float
-        "face iff r >= threshold", chosen on the selection rows.
+        Chosen on the selection rows.
     test_acc, test_balanced_acc : float
-        Accuracy and balanced accuracy of that rule on the test rows.
+        Accuracy and balanced accuracy of the rule on the test rows.
+    polarity : int
+        1: "face iff r >= threshold"; -1: "face iff r < threshold".
     """
 
     score: float
@@ -47,11 +54,18 @@ class Candidate:
     threshold: float
     test_acc: float
     test_balanced_acc: float
+    polarity: int = 1
 
 
 def better(a: Candidate, b: Candidate) -> bool:
-    """True when ``a`` beats ``b``: higher score, ties to the smaller global neuron id."""
-    return a.score > b.score or (a.score == b.score and a.neuron < b.neuron)
+    """True when ``a`` beats ``b``: higher score, ties to the smaller global neuron id, then to polarity 1."""
+    return (a.score, -a.neuron, a.polarity) > (b.score, -b.neuron, b.polarity)
+
+
+def rule(r: Any, threshold: float, polarity: int = 1) -> np.ndarray:
+    """The images a neuron calls faces: r >= threshold (polarity 1) or r < threshold (polarity -1)."""
+    face = np.asarray(r) >= threshold
+    return face if polarity > 0 else ~face
 
 
 def _labels(y: Any, n: int | None = None) -> np.ndarray:
@@ -102,9 +116,12 @@ def _scan(V: np.ndarray, y: np.ndarray, masks: Sequence[np.ndarray]):
     Boundary i calls the top n - i selected images faces; it is a valid split
     only where sorted ranks i - 1 and i differ (equal responses cannot be split).
 
-    Returns, per mask, (numerator, threshold, tp, tn, P, D): the balanced accuracy
-    is numerator / (2 P D), an exact integer so that equal scores compare equal,
-    and argmax takes the first best, the lowest threshold.
+    Returns, per mask, (numerator, threshold, tp, tn, P, D, neg_numerator,
+    neg_threshold): the balanced accuracy is numerator / (2 P D), an exact integer
+    so that equal scores compare equal, and argmax takes the first best, the lowest
+    threshold.  The other polarity ("face iff r < t") at the same boundary scores
+    2 P D - numerator (it swaps every call), so its best is the valid boundary
+    with the smallest numerator: no second sort.
     """
     C, N = V.shape
     order = np.argsort(V, axis=1)
@@ -142,15 +159,24 @@ def _scan(V: np.ndarray, y: np.ndarray, masks: Sequence[np.ndarray]):
         num = P * (D + i) - n * cf
         num[:, 1:n][gs[:, 1:] == gs[:, :-1]] = -1
         best = np.argmax(num, axis=1)
-        cols = idx[pos[rows, np.maximum(best - 1, 0)]]
-        lo = V[rows, cols]
-        hi = V[rows, idx[pos[rows, np.minimum(best, n - 1)]]]
-        thr = np.where(best == 0, hi,  # at the min: everything face
-                       np.where(best == n, np.nextafter(lo, np.asarray(np.inf, V.dtype)),  # above the max
-                                _midpoint(lo, hi)))
         c = cf[rows, best].astype(np.int64)
-        out.append((num[rows, best].astype(np.int64), thr.astype(np.float64), P - c, best - c, P, D))
+        thr = _threshold(V, idx, pos, best, n)
+        # the other polarity: 2PD - num where valid, so the valid minimum of num (-1 marks invalid)
+        neg = np.argmin(np.where(num < 0, np.iinfo(it).max, num), axis=1)
+        out.append((num[rows, best].astype(np.int64), thr, P - c, best - c, P, D,
+                    2 * P * D - num[rows, neg].astype(np.int64), _threshold(V, idx, pos, neg, n)))
     return out
+
+
+def _threshold(V: np.ndarray, idx: np.ndarray, pos: np.ndarray, best: np.ndarray, n: int) -> np.ndarray:
+    """The threshold of boundary ``best`` of every row: the top n - best selected images lie at or above it."""
+    rows = np.arange(len(V))
+    lo = V[rows, idx[pos[rows, np.maximum(best - 1, 0)]]]
+    hi = V[rows, idx[pos[rows, np.minimum(best, n - 1)]]]
+    thr = np.where(best == 0, hi,  # at the min: everything face
+                   np.where(best == n, np.nextafter(lo, np.asarray(np.inf, V.dtype)),  # above the max
+                            _midpoint(lo, hi)))
+    return thr.astype(np.float64)
 
 
 def _chunks(R: np.ndarray, ids: np.ndarray | None = None):
@@ -189,45 +215,38 @@ def best_thresholds(R: Any, y: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     thr, bal, acc = np.empty(M), np.empty(M), np.empty(M)
     everything = np.ones(N, bool)
     for c0, V in _chunks(R):
-        num, t, tp, tn, P, D = _scan(V, y, [everything])[0]
+        num, t, tp, tn, P, D = _scan(V, y, [everything])[0][:6]
         sl = slice(c0, c0 + len(V))
         thr[sl], bal[sl], acc[sl] = t, num / (2 * P * D), (tp + tn) / N
     return thr, bal, acc
 
 
-def apply_threshold(r: Any, y: Any, t: float) -> tuple[float, float]:
-    """(accuracy, balanced accuracy) of "face iff r >= t" on responses ``r`` with labels ``y``."""
+def apply_threshold(r: Any, y: Any, t: float, polarity: int = 1) -> tuple[float, float]:
+    """(accuracy, balanced accuracy) of the rule ``t``, ``polarity`` (:func:`rule`) on responses ``r``."""
     r = np.asarray(r)
     y = _labels(y, len(r))
-    face = r >= t
+    face = rule(r, t, polarity)
     tpr = np.count_nonzero(face & y) / np.count_nonzero(y)
     tnr = np.count_nonzero(~face & ~y) / np.count_nonzero(~y)
     return float(np.mean(face == y)), float((tpr + tnr) / 2)
 
 
-def stratified_splits(y: Any, k: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def stratified_splits(y: Any, k: int, seed: int, groups: Any = None,
+                      kinds: Any = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """``k`` deterministic (selection_idx, test_idx) halves of the images, per class.
 
     For split s, the distractors and then the faces are each permuted by
     ``np.random.default_rng([seed, s])``; selection gets floor(n/2) of each class,
-    test the rest.  Index arrays are sorted; the halves are disjoint and cover all images.
+    test the rest.  Index arrays are sorted; the halves are disjoint and cover all
+    images.  With ``groups`` (and ``kinds``) the halves are made of whole groups:
+    :func:`.splits.group_splits`, which this is with one image per group.
     """
-    y = np.asarray(y)
-    out = []
-    for s in range(k):
-        rng = np.random.default_rng([seed, s])
-        sel, test = [], []
-        for c in (0, 1):
-            p = rng.permutation(np.flatnonzero(y == c))
-            sel.append(p[:len(p) // 2])
-            test.append(p[len(p) // 2:])
-        out.append((np.sort(np.concatenate(sel)), np.sort(np.concatenate(test))))
-    return out
+    return group_splits(np.asarray(y), k, seed, groups, kinds)
 
 
 def _candidates(R: np.ndarray, y: np.ndarray, splits: Sequence[tuple[np.ndarray, np.ndarray]],
                 ids: np.ndarray) -> list[Candidate | None]:
-    """The local candidate of every split, sorting each column once for all splits."""
+    """The local candidate of every split (either polarity), sorting each column once for all splits."""
     N, M = R.shape
     masks = []
     for sel, _ in splits:
@@ -236,24 +255,25 @@ def _candidates(R: np.ndarray, y: np.ndarray, splits: Sequence[tuple[np.ndarray,
         # check here, before any M-dependent work, so every process fails alike
         _check_classes(int((m & y).sum()), int((m & ~y).sum()), " in the selection half")
         masks.append(m)
-    best: list[tuple | None] = [None] * len(splits)  # (numerator, -id, column, threshold)
+    best: list[tuple | None] = [None] * len(splits)  # (numerator, -id, polarity, column, threshold)
     for c0, V in _chunks(R, ids):
-        for i, (num, thr, _, _, _, _) in enumerate(_scan(V, y, masks)):
-            top = num.max()
-            cols = np.flatnonzero(num == top)
-            j = cols[np.argmin(ids[c0 + cols])]  # ties: smallest global id
-            cand = (int(top), -int(ids[c0 + j]), c0 + int(j), float(thr[j]))
-            if best[i] is None or cand[:2] > best[i][:2]:
-                best[i] = cand
+        for i, (num, thr, _, _, _, _, neg, neg_thr) in enumerate(_scan(V, y, masks)):
+            for pol, n_, t_ in ((1, num, thr), (-1, neg, neg_thr)):
+                top = n_.max()
+                cols = np.flatnonzero(n_ == top)
+                j = cols[np.argmin(ids[c0 + cols])]  # ties: smallest global id
+                cand = (int(top), -int(ids[c0 + j]), pol, c0 + int(j), float(t_[j]))
+                if best[i] is None or cand[:3] > best[i][:3]:  # then polarity 1 (see better)
+                    best[i] = cand
     out = []
     for (sel, test), m, b in zip(splits, masks, best):
         if b is None:
             out.append(None)
             continue
-        num, neg_id, j, t = b
+        num, neg_id, pol, j, t = b
         P, D = int((m & y).sum()), int((m & ~y).sum())
-        acc, bal = apply_threshold(R[test, j], y[test], t)
-        out.append(Candidate(num / (2 * P * D), -neg_id, t, acc, bal))
+        acc, bal = apply_threshold(R[test, j], y[test], t, pol)
+        out.append(Candidate(num / (2 * P * D), -neg_id, t, acc, bal, pol))
     return out
 
 
@@ -285,10 +305,11 @@ def _identity(c: Candidate | None) -> Candidate | None:
 
 
 def honest_scores(R: Any, y: Any, k: int = 20, seed: int = 0, ids: Any = None,
-                  combine: Callable[[Candidate | None], Candidate | None] | None = None) -> dict[str, Any]:
+                  combine: Callable[[Candidate | None], Candidate | None] | None = None,
+                  splits: Sequence[tuple[np.ndarray, np.ndarray]] | None = None) -> dict[str, Any]:
     """Held-out scores of the best neuron over ``k`` stratified splits.
 
-    On each split the best neuron and threshold are chosen on the selection half
+    On each split the best neuron, polarity and threshold are chosen on the selection half
     and scored on the test half; ``combine`` (default identity) turns this
     process's candidate, or None when it has no neurons, into the global best and
     is called on every split and once more for ``in_sample``.
@@ -304,16 +325,28 @@ def honest_scores(R: Any, y: Any, k: int = 20, seed: int = 0, ids: Any = None,
         Global neuron ids of the columns; default 0..M-1.
     combine : callable, optional
         Candidate-or-None -> global best Candidate (every process calls it alike).
+    splits : list of (selection, test) index arrays, optional
+        Given splits (e.g. by group) instead of ``k`` and ``seed``'s.
 
     Returns
     -------
     dict
         ``splits``; per split ``test_acc``, ``test_balanced_acc``, ``neurons``,
-        ``thresholds``; ``mean_/std_balanced_acc`` and ``mean_/std_acc`` over
-        splits (population std); ``in_sample``: the neuron chosen and scored on
-        ALL images (``neuron``, ``threshold``, ``acc``, ``balanced_acc``), the
-        optimistic number the papers report, for comparison only.
+        ``thresholds``, ``polarities`` (:func:`rule`); ``mean_/std_balanced_acc``
+        and ``mean_/std_acc`` over splits (population std); ``in_sample``: the
+        neuron chosen and scored on ALL images (``neuron``, ``threshold``,
+        ``polarity``, ``acc``, ``balanced_acc``), the optimistic number the
+        papers report, for comparison only.
     """
+    R = _matrix(R)
+    y = _labels(y, R.shape[0])
+    splits = stratified_splits(y, k, seed) if splits is None else splits
+    return summarize(honest_candidates(R, y, splits, ids, combine))
+
+
+def honest_candidates(R: Any, y: Any, splits: Sequence[tuple[np.ndarray, np.ndarray]], ids: Any = None,
+                      combine: Callable[[Candidate | None], Candidate | None] | None = None) -> list[Candidate]:
+    """The global best Candidate of every split, then the in-sample one (see :func:`honest_scores`)."""
     R = _matrix(R)
     N, M = R.shape
     y = _labels(y, N)
@@ -321,23 +354,41 @@ def honest_scores(R: Any, y: Any, k: int = 20, seed: int = 0, ids: Any = None,
     if len(ids) != M:
         raise ValueError(f"{len(ids)} ids for {M} neurons")
     combine = combine or _identity
-    splits = stratified_splits(y, k, seed)
+    splits = [(np.asarray(a), np.asarray(b)) for a, b in splits]
     everything = np.arange(N)
-    local = _candidates(R, y, splits + [(everything, everything)], ids)
     chosen = []
-    for c in local:
+    for c in _candidates(R, y, splits + [(everything, everything)], ids):
         g = combine(c)
         if g is None:
             raise ValueError("no neurons to score")
         chosen.append(g)
-    ins = chosen.pop()
+    return chosen
+
+
+def best_of(*sets: list[Candidate]) -> list[Candidate]:
+    """Split by split, the best of several sets' candidates (:func:`better`): the candidates of all
+    neurons from those of each layer, without scanning the neurons again."""
+    out = []
+    for cands in zip(*sets):
+        best = cands[0]
+        for c in cands[1:]:
+            if better(c, best):
+                best = c
+        out.append(best)
+    return out
+
+
+def summarize(chosen: list[Candidate]) -> dict[str, Any]:
+    """The dict of :func:`honest_scores` from the candidates of every split and the in-sample one."""
+    *chosen, ins = chosen
     acc = [c.test_acc for c in chosen]
     bal = [c.test_balanced_acc for c in chosen]
-    return {"splits": k, "test_acc": acc, "test_balanced_acc": bal,
+    return {"splits": len(chosen), "test_acc": acc, "test_balanced_acc": bal,
             "neurons": [int(c.neuron) for c in chosen], "thresholds": [float(c.threshold) for c in chosen],
+            "polarities": [int(c.polarity) for c in chosen],
             "mean_balanced_acc": float(np.mean(bal)), "std_balanced_acc": float(np.std(bal)),
             "mean_acc": float(np.mean(acc)), "std_acc": float(np.std(acc)),
-            "in_sample": {"neuron": int(ins.neuron), "threshold": float(ins.threshold),
+            "in_sample": {"neuron": int(ins.neuron), "threshold": float(ins.threshold), "polarity": int(ins.polarity),
                           "acc": float(ins.test_acc), "balanced_acc": float(ins.test_balanced_acc)}}
 
 
@@ -369,29 +420,41 @@ def paired_verdict(net_scores: Any, control_scores: Any) -> dict[str, Any]:
     return {"mean_diff": mean, "std_diff": std, "beats": bool(mean > std)}
 
 
-def _ridge(Z: np.ndarray, t: np.ndarray, w: np.ndarray, l2: float) -> tuple[np.ndarray, float]:
-    """Weighted ridge least squares with an unpenalized bias, primal or dual, whichever is smaller."""
-    zbar = w @ Z / w.sum()
-    tbar = float(w @ t / w.sum())
-    sw = np.sqrt(w)[:, None]
-    A = sw * (Z - zbar)
-    u = sw[:, 0] * (t - tbar)
-    n, d = A.shape
-    # penalty relative to the mean squared (weighted) row norm, so l2 does not depend on the feature count
-    lam = l2 * max(float(np.einsum("ij,ij->", A, A)) / n, 1e-12)
-    if d <= n:
-        beta = np.linalg.solve(A.T @ A + lam * np.eye(d), A.T @ u)
-    else:  # features >> samples: the kernel form solves an n x n system
-        beta = A.T @ np.linalg.solve(A @ A.T + lam * np.eye(n), u)
-    return beta, tbar - float(zbar @ beta)
+def split_scores(calls: Any, y: Any, splits: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
+    """Held-out scores of fixed per-split calls: ``calls[s]`` (N,) bool, scored on split s's test half.
+
+    Returns the keys of :func:`linear_probe`."""
+    y = np.asarray(y).astype(bool)
+    acc, bal = [], []
+    for c, (_, test) in zip(np.asarray(calls, bool), splits):
+        face, yt = c[test], y[test]
+        acc.append(float(np.mean(face == yt)))
+        bal.append(float((np.mean(face[yt]) + np.mean(~face[~yt])) / 2))
+    return {"splits": len(acc), "test_acc": acc, "test_balanced_acc": bal,
+            "mean_balanced_acc": float(np.mean(bal)), "std_balanced_acc": float(np.std(bal)),
+            "mean_acc": float(np.mean(acc)), "std_acc": float(np.std(acc))}
 
 
-def linear_probe(X: Any, y: Any, k: int, seed: int, l2: float = 1e-3) -> dict[str, Any]:
-    """Upper reference: a linear classifier on all features, over the same splits.
+def probe_calls(X: Any, y: Any, splits: Sequence[tuple[np.ndarray, np.ndarray]], l2: float = 1e-3) -> np.ndarray:
+    """The calls (k, N) bool of the linear probe fitted on each split's selection half, on every image
+    (:mod:`.ridge`: one Gram matrix of the standardized features serves every split)."""
+    X = np.asarray(X)
+    if X.ndim != 2:
+        raise ValueError(f"features must be (images x features); got shape {X.shape}")
+    y = _labels(y, X.shape[0])
+    for sel, _ in splits:
+        _check_classes(int(y[sel].sum()), int((~y[sel]).sum()), " in the selection half")
+    return ridge.calls(ridge.gram(X), y, splits, l2)
 
-    On each split: standardize with the selection half's statistics, fit ridge
-    least squares to targets +-1 with class-balanced sample weights, classify by
-    sign (threshold 0), and score on the test half.
+
+def linear_probe(X: Any, y: Any, k: int, seed: int, l2: float = 1e-3,
+                 splits: Sequence[tuple[np.ndarray, np.ndarray]] | None = None) -> dict[str, Any]:
+    """A linear classifier on all features, over the same splits.
+
+    Standardize each feature over all images (no labels: :mod:`.ridge`), then on
+    each split fit ridge least squares to targets +-1 with class-balanced sample
+    weights on the selection half, classify by sign (threshold 0), and score on
+    the test half.
 
     Parameters
     ----------
@@ -403,6 +466,8 @@ def linear_probe(X: Any, y: Any, k: int, seed: int, l2: float = 1e-3) -> dict[st
     l2 : float
         Ridge penalty relative to the mean squared row norm of the weighted,
         centered selection features.
+    splits : list of (selection, test) index arrays, optional
+        Given splits instead of ``k`` and ``seed``'s.
 
     Returns
     -------
@@ -410,21 +475,6 @@ def linear_probe(X: Any, y: Any, k: int, seed: int, l2: float = 1e-3) -> dict[st
         ``splits``, ``test_acc``, ``test_balanced_acc``, ``mean_/std_balanced_acc``,
         ``mean_/std_acc`` as in :func:`honest_scores`.
     """
-    X = np.asarray(X, dtype=np.float64)
-    if X.ndim != 2:
-        raise ValueError(f"features must be (images x features); got shape {X.shape}")
-    y = _labels(y, X.shape[0])
-    acc, bal = [], []
-    for sel, test in stratified_splits(y, k, seed):
-        ys = y[sel]
-        _check_classes(int(ys.sum()), int((~ys).sum()), " in the selection half")
-        mu, sd = X[sel].mean(axis=0), X[sel].std(axis=0)
-        sd[sd == 0] = 1.0  # constant features: centered to zero, their weight stays 0
-        w = np.where(ys, len(ys) / (2 * ys.sum()), len(ys) / (2 * (~ys).sum()))
-        beta, b = _ridge((X[sel] - mu) / sd, np.where(ys, 1.0, -1.0), w, l2)
-        a, ba = apply_threshold((X[test] - mu) / sd @ beta + b, y[test], 0.0)
-        acc.append(a)
-        bal.append(ba)
-    return {"splits": k, "test_acc": acc, "test_balanced_acc": bal,
-            "mean_balanced_acc": float(np.mean(bal)), "std_balanced_acc": float(np.std(bal)),
-            "mean_acc": float(np.mean(acc)), "std_acc": float(np.std(acc))}
+    y = np.asarray(y)
+    splits = stratified_splits(y, k, seed) if splits is None else splits
+    return split_scores(probe_calls(X, y, splits, l2), y, splits)

@@ -46,9 +46,11 @@ def response_and_gradient(plan: NetworkPlan, params: dict[int, np.ndarray], x: n
 
 
 def optimal_stimulus(plan: NetworkPlan, params: dict[int, np.ndarray], layer: int, position: tuple[int, int, int],
-                     norm: float, steps: int = 100, lr: float = 0.1, seed: int = 0) -> tuple[np.ndarray | None, list[float]]:
+                     norm: float, steps: int = 100, lr: float = 0.1, seed: int = 0,
+                     sign: int = 1) -> tuple[np.ndarray | None, list[float]]:
     """Projected gradient ascent: the whole image (H, W, C) on rank 0 of the grid (None elsewhere)
-    and the neuron's response at every step (it should increase)."""
+    and the neuron's response at every step (it should increase; with ``sign`` -1 the response is
+    minimized instead, for a neuron that signals faces by being low, and it should decrease)."""
     comm = plan.grid.comm
     box = plan.input_owned
     full = np.random.default_rng([seed, 0x5717]).standard_normal(plan.network.input_shape + (1,))  # its own stream
@@ -61,7 +63,7 @@ def optimal_stimulus(plan: NetworkPlan, params: dict[int, np.ndarray], layer: in
         gn = _norm(comm, g)
         if gn == 0:
             break
-        x = x + (lr * norm / gn) * g  # a step of lr * norm along the unit gradient
+        x = x + (sign * lr * norm / gn) * g  # a step of lr * norm along the unit gradient
         x *= norm / _norm(comm, x)
     trace.append(response_and_gradient(plan, params, x, layer, position)[0])
     img = gather(DistArray(comm, plan.network.input_shape + (1,), box, box, data=np.ascontiguousarray(x)))

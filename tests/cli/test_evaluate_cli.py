@@ -3,6 +3,7 @@ import json
 import re
 import struct
 
+import h5py
 import numpy as np
 import pytest
 
@@ -19,6 +20,10 @@ def test_evaluate_writes_the_report_and_agrees_across_ranks(setup):  # noqa: F81
     faces = rng.integers(0, 256, (60, 12, 12), dtype=np.uint8)
     faces[y == 1, 3:9, 3:9] = 255  # a bright square: something to find
     write_dataset(tmp / "faces.h5", faces, labels=y)
+    with h5py.File(tmp / "faces.h5", "a") as f:  # identities of two views, two kinds of distractor
+        f["groups"] = np.arange(60) // 2
+        f.create_dataset("kinds", data=np.where(y == 1, 0, 1 + (np.arange(60) // 2) % 2).astype(np.int8))
+        f["kinds"].attrs["kind_names"] = json.dumps(["face", "photo_crop", "phase_scrambled"])
     one = cotsdl("evaluate", str(tmp / "run"), "--splits", "6", "--stimulus-steps", "5", "--json", str(tmp / "one.json"),
                  ranks=1, timeout=300)
     assert one.returncode == 0, one.stderr
@@ -30,6 +35,18 @@ def test_evaluate_writes_the_report_and_agrees_across_ranks(setup):  # noqa: F81
     for name in a["scores"]:
         assert a["scores"][name]["test_balanced_acc"] == pytest.approx(b["scores"][name]["test_balanced_acc"])
         assert a["scores"][name].get("neurons") == b["scores"][name].get("neurons")
+        assert a["scores"][name].get("polarities") == b["scores"][name].get("polarities")
+    assert a["groups"] == 30 and a["bootstrap"]["resamples"] == 1000
+    for key in ("comparisons", "per_kind", "probes", "intervals", "stages"):
+        assert json.dumps(a[key], sort_keys=True) == json.dumps(b[key], sort_keys=True), key
+    assert a["top_stage"]["intervals"] == b["top_stage"]["intervals"]  # (float32 thresholds may differ in the last bit)
+    assert a["top_stage"]["best"]["neuron"] == b["top_stage"]["best"]["neuron"]
+    assert [k["kind"] for k in a["per_kind"]] == ["photo_crop", "phase_scrambled"]
+    # the random-weight control is the run's start: the filter norm it was trained under ("auto")
+    assert [s["stage"] for s in a["stages"]] == [0, 1]
+    for s in a["stages"]:
+        assert s["random_median_norm"] == pytest.approx(s["median_norm"], rel=1e-4)
+        assert 0.9 < s["cosine_to_init"] <= 1.0 + 1e-6  # 4 steps: near the start
     md = (tmp / "run" / "report.md").read_text()
     links = re.findall(r"\]\(([^)]+\.png)\)", md)
     assert len(links) == 6
@@ -39,6 +56,8 @@ def test_evaluate_writes_the_report_and_agrees_across_ranks(setup):  # noqa: F81
         w, h = struct.unpack(">II", png[16:24])
         assert 300 <= w <= 4000 and 200 <= h <= 4000
     assert a["verdict"]["sentence"] in md
+    assert "### Faces against each kind of distractor" in md and "### Linear probes on each stage" in md
+    assert "## Stages" in md and "### The best neuron of the last stage" in md
 
 
 def test_evaluate_bad_input(setup):  # noqa: F811
@@ -66,5 +85,13 @@ def test_evaluate_bad_input(setup):  # noqa: F811
     assert other.returncode == 2 and other.stderr.count("must be the same architecture") == 1
     few = cotsdl("evaluate", str(tmp / "run"), "--dataset", str(tmp / "ok.h5"), "--splits", "1", ranks=1)
     assert few.returncode == 2 and "need --splits >= 2" in few.stderr
-    everything = unlabeled.stderr + missing.stderr + allfaces.stderr + unwritable.stderr + other.stderr + few.stderr
+    resamples = cotsdl("evaluate", str(tmp / "run"), "--dataset", str(tmp / "ok.h5"), "--bootstrap", "10", ranks=1)
+    assert resamples.returncode == 2 and "need --bootstrap >= 100" in resamples.stderr
+    write_dataset(tmp / "one.h5", np.zeros((20, 12, 12), np.uint8), labels=np.arange(20) % 2)
+    with h5py.File(tmp / "one.h5", "a") as f:
+        f["groups"] = np.where(np.arange(20) % 2 == 1, 0, np.arange(20))  # every face one identity
+    one = cotsdl("evaluate", str(tmp / "run"), "--dataset", str(tmp / "one.h5"), ranks=2)
+    assert one.returncode == 2 and one.stderr.count("at least 2 groups with faces") == 1, one.stderr
+    everything = (unlabeled.stderr + missing.stderr + allfaces.stderr + unwritable.stderr + other.stderr + few.stderr
+                  + resamples.stderr + one.stderr)
     assert "Traceback" not in everything and "Abort" not in everything

@@ -165,3 +165,86 @@ def test_linear_probe(F):
     X = noise + 20 * y[:, None] * noise.std(axis=0) * u / np.linalg.norm(u)
     r = scoring.linear_probe(X, y, 10, 0)
     assert r["mean_balanced_acc"] > 0.9 and min(r["test_balanced_acc"]) > 0.8
+
+
+def test_both_polarities_match_brute_force(monkeypatch):
+    """The best rule of each column over both polarities: r >= t or r < t, whichever scores higher."""
+    monkeypatch.setattr(scoring, "_CHUNK_ELEMENTS", 400)  # several chunks
+    rng = np.random.default_rng(11)
+    N, M = 50, 40
+    y = (rng.random(N) < 0.4).astype(int)
+    R = rng.integers(0, 5, (N, M)).astype(np.float64) + rng.integers(-2, 3, M) * y[:, None]
+    everything = np.arange(N)
+    for j in range(M):
+        c = scoring.local_candidate(R[:, [j]], y, everything, everything, np.array([j]))
+        up, down = brute(R[:, j], y)[1], brute(-R[:, j], y)[1]
+        assert c.score == pytest.approx(max(up, down), abs=1e-12), j
+        assert c.polarity == (1 if up >= down else -1), j  # ties to the usual polarity
+        calls = scoring.rule(R[:, j], c.threshold, c.polarity)
+        bal = (np.mean(calls[y == 1]) + np.mean(~calls[y == 0])) / 2
+        assert bal == pytest.approx(c.score, abs=1e-12) == c.test_balanced_acc
+
+
+def test_a_unit_low_for_faces_is_found_and_scored_high():
+    rng = np.random.default_rng(2)
+    N = 200
+    y = (np.arange(N) % 4 == 0).astype(int)
+    R = rng.standard_normal((N, 50))
+    R[:, 33] -= 3 * y  # silenced by faces
+    R[:, 7] += 0.8 * y  # weaker, the usual way round
+    s = scoring.honest_scores(R, y, k=8, seed=0)
+    assert set(s["neurons"]) == {33} and set(s["polarities"]) == {-1}
+    assert s["mean_balanced_acc"] > 0.9 and s["in_sample"]["polarity"] == -1
+    assert scoring.apply_threshold(R[:, 33], y, s["thresholds"][0], -1)[1] > 0.9
+
+
+def test_ties_prefer_the_smaller_id_then_the_usual_polarity():
+    C = scoring.Candidate
+    assert scoring.better(C(0.8, 1, 0, 0, 0, -1), C(0.8, 5, 0, 0, 0, 1))
+    assert scoring.better(C(0.8, 5, 0, 0, 0, 1), C(0.8, 5, 0, 0, 0, -1))
+    y = np.array([0, 1] * 10)
+    R = np.stack([y, -y], axis=1).astype(float)  # perfect both ways: column 0, as usual
+    s = scoring.honest_scores(R, y, k=3, seed=0)
+    assert s["neurons"] == [0, 0, 0] and s["polarities"] == [1, 1, 1]
+    s = scoring.honest_scores(R[:, ::-1], y, k=3, seed=0)  # now the low one has the smaller id
+    assert s["neurons"] == [0, 0, 0] and s["polarities"] == [-1, -1, -1]
+
+
+def primal_calls(X, y, sel, l2):
+    """The probe written plainly: standardize over all images, weighted ridge with a bias, in feature space."""
+    Z = (X - X.mean(axis=0)) / X.std(axis=0)
+    ys = y[sel] == 1
+    w = np.where(ys, len(ys) / (2 * ys.sum()), len(ys) / (2 * (~ys).sum()))
+    t = np.where(ys, 1.0, -1.0)
+    zbar, tbar = w @ Z[sel] / w.sum(), w @ t / w.sum()
+    A = np.sqrt(w)[:, None] * (Z[sel] - zbar)
+    lam = l2 * np.sum(A * A) / len(sel)
+    beta = np.linalg.solve(A.T @ A + lam * np.eye(X.shape[1]), A.T @ (np.sqrt(w) * (t - tbar)))
+    return (Z - zbar) @ beta + tbar, (Z - zbar) @ beta + tbar >= 0
+
+
+@pytest.mark.parametrize("F", [12, 300])  # fewer and more features than selection images
+def test_the_kernel_probe_is_the_primal_ridge(F):
+    from cotsdl.evaluate import ridge
+
+    rng = np.random.default_rng(F)
+    N = 90
+    y = (np.arange(N) % 3 == 0).astype(int)
+    X = rng.standard_normal((N, F)) * rng.uniform(0.5, 2, F) + 0.4 * y[:, None] * rng.standard_normal(F)
+    K = ridge.gram(X)
+    for sel, _ in scoring.stratified_splits(y, 4, 2):
+        f, want = primal_calls(X, y, sel, 1e-2)
+        got = ridge.fit_calls(K, y == 1, sel, 1e-2)
+        sure = np.abs(f) > 1e-9  # away from the boundary the two forms agree call for call
+        assert np.array_equal(got[sure], want[sure]) and sure.mean() > 0.99
+
+
+def test_split_scores_and_probe_calls_agree_with_the_probe():
+    rng = np.random.default_rng(4)
+    N = 120
+    y = (np.arange(N) % 3 == 0).astype(int)
+    X = rng.standard_normal((N, 30)) + 0.7 * y[:, None] * rng.standard_normal(30)
+    splits = scoring.stratified_splits(y, 6, 1)
+    calls = scoring.probe_calls(X, y, splits)
+    assert scoring.split_scores(calls, y, splits) == scoring.linear_probe(X, y, 6, 1)
+    assert scoring.split_scores(calls, y, splits)["mean_balanced_acc"] > 0.8

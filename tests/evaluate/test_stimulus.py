@@ -44,3 +44,14 @@ def test_ascent_climbs_and_keeps_the_norm(plan):
     assert trace[-1] > trace[0] and trace[-1] >= max(trace[:5])
     again, trace2 = stimulus.optimal_stimulus(plan, params, 5, (1, 0, 1), norm=4.0, steps=40, lr=0.05)
     assert np.array_equal(img, again) and trace == trace2  # deterministic given the seed
+
+
+def test_descent_for_a_neuron_low_for_faces(plan):
+    """sign -1 minimizes: a filter unit (linear in the input) goes to minus its filter's direction."""
+    params = plan.init_params(3)
+    img, trace = stimulus.optimal_stimulus(plan, params, 0, (2, 3, 1), norm=4.0, steps=40, lr=0.05, sign=-1)
+    assert np.linalg.norm(img) == pytest.approx(4.0, rel=1e-9)
+    assert trace[-1] < trace[0] and trace[-1] <= min(trace[:5])
+    up, _ = stimulus.optimal_stimulus(plan, params, 0, (2, 3, 1), norm=4.0, steps=40, lr=0.05)
+    field = (slice(2, 5), slice(3, 6))  # its receptive field; outside, both keep the same random start
+    assert np.corrcoef(img[field].ravel(), up[field].ravel())[0, 1] < -0.9

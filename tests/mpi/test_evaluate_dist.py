@@ -1,10 +1,13 @@
-"""Evaluation over P ranks equals one rank: every neuron's responses, the honest scores, the stimulus."""
+"""Evaluation over P ranks equals one rank: every neuron's responses, the honest scores, the stimulus,
+and the whole experiment (both polarities, group splits, bootstrap intervals, stage probes, per kind)."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from cotsdl.array import ProcessGrid
-from cotsdl.evaluate import responses, scoring, stimulus
+from cotsdl.evaluate import experiment, responses, scoring, stimulus
 from cotsdl.nn import Network, NetworkPlan
 from helpers import agree, grids
 
@@ -27,6 +30,32 @@ class Images:
         idx = np.arange(first, first + count) % N
         (r0, c0, k0), (r1, c1, k1) = window.lo[:3], window.hi[:3]
         return self.x[r0:r1, c0:c1, k0:k1][..., idx]
+
+
+class Labeled(Images):
+    """A labeled set as the reader gives it: 10 identities of 3 views, faces and two distractor kinds."""
+
+    path = "labeled-in-memory"
+    kind_names = ("face", "photo_crop", "phase_scrambled")
+
+    def __init__(self):
+        super().__init__()
+        self.info = SimpleNamespace(labels={"0": 18, "1": 12})
+        self._groups = np.repeat(np.arange(10), 3)
+        self._y = (self._groups % 3 == 0).astype(np.int64)
+        self.x[..., self._y == 1] += 0.7 * np.random.default_rng(6).standard_normal((11, 10, 1, 1))  # "a face"
+
+    def __len__(self):
+        return N
+
+    def labels(self):
+        return self._y
+
+    def groups(self):
+        return self._groups
+
+    def kinds(self):
+        return np.where(self._y == 1, 0, 1 + self._groups % 2)
 
 
 def evaluate(comm, dims):
@@ -61,3 +90,40 @@ def test_evaluation_is_the_same_on_any_grid(comm, dims):
         ok = ok and np.allclose(dist[2], serial[2], rtol=1e-9, atol=1e-12)
         ok = ok and np.allclose(dist[3], serial[3], rtol=1e-9)
     assert agree(comm, ok)
+
+
+def experiment_numbers(comm, dims):
+    net = Network.from_description(NET)
+    grid = ProcessGrid(comm, dims)
+    plan = NetworkPlan(net, grid, 8, np.float64)
+    subject = experiment.Subject("network", "net", plan, plan.init_params(2))
+    controls = [experiment.Subject("random_weights", "rnd", plan, plan.init_params(3)),
+                experiment.Subject("no_faces", "other", plan, plan.init_params(4))]
+    report, figs = experiment.run(subject, controls, Labeled(), k=6, seed=1, stimulus_steps=3, resamples=200)
+    grid.free()
+    keep = ("comparisons", "per_kind", "probes", "intervals", "verdicts", "per_layer", "selective", "groups", "kinds",
+            "stages", "top_stage")
+    return {key: report[key] for key in keep} | {"scores": report["scores"], "best": report["best"]}, figs
+
+
+def _close(a, b):
+    """Nested report numbers equal (floats to 1e-9; everything else exactly)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    if isinstance(a, float):
+        return bool(np.isclose(a, b, rtol=1e-9, atol=1e-12) or (np.isnan(a) and np.isnan(b)))
+    return a == b
+
+
+@pytest.mark.parametrize("dims", grids())
+def test_the_experiment_is_the_same_on_any_grid(comm, dims):
+    dist, figs = experiment_numbers(comm, dims)
+    same = all(_close(x, dist) for x in comm.allgather(dist))  # every rank holds the same report
+    ok = True
+    if comm.Get_rank() == 0:
+        serial, sfigs = experiment_numbers(MPI.COMM_SELF, (1, 1))
+        ok = _close(dist, serial) and np.allclose(figs["stimulus"], sfigs["stimulus"], rtol=1e-9, atol=1e-12)
+        ok = ok and len(dist["comparisons"]) == 4 + 2 * 2 + 2 + 2 and len(dist["stages"]) == 2 and len(dist["probes"]) == 2 and len(dist["per_kind"]) == 2
+    assert agree(comm, same and ok)

@@ -1,0 +1,106 @@
+"""The network against its controls: held-out scores with intervals, paired differences, per kind.
+
+Every measure is given by its calls: for each split, which images its rule
+(chosen on the selection half) calls faces.  All of them are scored on the same
+group resamples (:class:`.bootstrap.GroupBootstrap`), so every difference is paired.
+This module turns them into the machine-readable parts of ``report.json``
+(``comparisons``, ``intervals``, ``per_kind``, ``probes``); see README.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .bootstrap import GroupBootstrap, difference, summary
+
+#: The controls of the best neuron, in report order.
+CONTROLS = ("random_weights", "no_faces", "best_pixel", "mean_face")
+#: The controls of the stage probes: the same architecture without (face) training.
+PROBE_CONTROLS = ("random_weights", "no_faces")
+
+
+def best_neuron(scores: Mapping[str, np.ndarray]) -> tuple[dict, list[dict]]:
+    """(intervals, comparisons) of the network's best neuron and its controls from their resampled
+    scores (``GroupBootstrap.scores``; ``scores["network"]`` is the network's)."""
+    intervals = {name: summary(v) for name, v in scores.items()}
+    out = []
+    for control in CONTROLS:
+        if control in scores:
+            out.append({"measure": "best_neuron", "control": control,
+                        **difference(scores["network"], scores[control]),
+                        "score": intervals["network"]["score"], "control_score": intervals[control]["score"]})
+    return intervals, out
+
+
+def stage_probes(boot: GroupBootstrap, probes: Mapping[str, Sequence[np.ndarray]],
+                 stages: Sequence[Mapping[str, Any]], pixels: np.ndarray | None = None) -> tuple[list[dict], list[dict]]:
+    """(per-stage table, comparisons) of the linear probes.
+
+    ``probes[name][s]``: the calls of the probe on stage s of network ``name``
+    (``network`` and the controls run); ``stages[s]``: what to say about the
+    stage (``stage``, ``layer``, ``features``); ``pixels``: the probe on the
+    input pixels, a reference.  The comparisons hold one entry per stage and
+    control (with ``stage``), then one per control without ``stage``: the last
+    stage (the representation the network hands on; ``last_stage`` names it).
+    """
+    scores = {name: [boot.scores(c) for c in per_stage] for name, per_stage in probes.items()}
+    ref = None if pixels is None else boot.scores(pixels)
+    table, out = [], []
+    for s, about in enumerate(stages):
+        row = {**about, "scores": {name: summary(v[s]) for name, v in scores.items()}, "differences": {}}
+        if ref is not None:
+            row["scores"]["pixels"] = summary(ref)
+        for control in PROBE_CONTROLS:
+            if control in scores:
+                d = difference(scores["network"][s], scores[control][s])
+                row["differences"][control] = d
+                out.append({"measure": "linear_probe", "control": control, **d, "stage": about["stage"],
+                            "score": row["scores"]["network"]["score"],
+                            "control_score": row["scores"][control]["score"]})
+        table.append(row)
+    last = table[-1]
+    for control in PROBE_CONTROLS:
+        if control in last["differences"]:
+            out.append({"measure": "linear_probe", "control": control, **last["differences"][control],
+                        "last_stage": last["stage"], "score": last["scores"]["network"]["score"],
+                        "control_score": last["scores"][control]["score"]})
+    return table, out
+
+
+def top_stage(boot: GroupBootstrap, calls: Mapping[str, np.ndarray], stage: int) -> tuple[dict, list[dict]]:
+    """(intervals, comparisons) of the best neuron of the last stage alone (``calls[name]``: its (k, N)
+    calls in network ``name``), against the same architecture untrained by faces.
+
+    The paper's face neuron sat at the top of the network; the best neuron overall
+    may be a first-stage unit that random filters match as well.
+    """
+    scores = {name: boot.scores(c) for name, c in calls.items()}
+    intervals = {name: summary(v) for name, v in scores.items()}
+    out = [{"measure": "top_stage_neuron", "control": c, "stage": stage, **difference(scores["network"], scores[c]),
+            "score": intervals["network"]["score"], "control_score": intervals[c]["score"]}
+           for c in PROBE_CONTROLS if c in scores]
+    return intervals, out
+
+
+def per_kind(boot: GroupBootstrap, calls: Mapping[str, np.ndarray], kinds: Mapping[str, np.ndarray],
+             groups: np.ndarray) -> list[dict]:
+    """Faces against each distractor kind alone: every measure's score and the network's paired differences.
+
+    The rules are those chosen against all distractors; only the scoring is per kind.
+    """
+    out = []
+    for kind, mask in kinds.items():
+        scores = {name: boot.scores(c, mask) for name, c in calls.items()}
+        out.append({"kind": kind, "distractors": int(mask.sum()), "groups": int(len(np.unique(groups[mask]))),
+                    "scores": {name: summary(v) for name, v in scores.items()},
+                    "differences": {c: difference(scores["network"], scores[c]) for c in CONTROLS if c in scores}})
+    return out
+
+
+def verdict(diff: Mapping[str, float], per_split: Mapping[str, float]) -> dict[str, Any]:
+    """The network beats a control when the lower end of the paired difference's interval is above 0."""
+    low = diff["ci_low"]
+    return {**diff, "beats": bool(np.isfinite(low) and low > 0), "mean_diff": per_split["mean_diff"],
+            "std_diff": per_split["std_diff"]}

@@ -1,0 +1,68 @@
+"""Each stage's health beside the random-weight network's: did its filters move, are they
+Gabor-like, are its units alive on the evaluation images, and how well its best neuron does.
+
+The filter numbers come from ``nn.stage_stats`` (as the trainer logs them; the
+random-weight control is the trained network's start, so ``cosine_to_init`` is the
+cosine to it); the silent fraction is ``nn.diagnostics.silent_units`` applied to each
+unit's largest response over the evaluation images.  Collective over the grid: the
+same numbers on any number of ranks.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..nn.diagnostics import silent_units
+from ..nn.plan import NetworkPlan
+from ..nn.stage_stats import log_stats, stage_stats
+from . import responses
+
+#: A unit is silent when its peak |response| is below this fraction of the median unit's peak.
+SILENT_REL = 0.05
+
+
+def filter_outputs(infos: Sequence[responses.LayerInfo]) -> list[responses.LayerInfo]:
+    """The filter layer of every stage, in stage order (its units are the stage's units)."""
+    return [info for info in infos if info.kind == "filter"]
+
+
+def silent_fractions(R: np.ndarray, ids: np.ndarray, infos: Sequence[responses.LayerInfo], comm: Any) -> list[float]:
+    """Per stage: the fraction of its filter units that stay silent over the evaluation images (collective)."""
+    out = []
+    for info in filter_outputs(infos):
+        sel = (ids >= info.offset) & (ids < info.offset + info.size)
+        peak = np.abs(R[:, sel]).max(axis=0) if R.shape[0] else np.zeros(int(sel.sum()))
+        peaks = np.concatenate(comm.allgather(peak.astype(np.float64)))
+        # silent_units takes (H, W, K, N): here one "image", every unit's peak, the same rule
+        out.append(float(silent_units(peaks.reshape(1, 1, -1, 1), SILENT_REL).mean()) if peaks.size else float("nan"))
+    return out
+
+
+def _best_by_stage(layers: Sequence[Mapping[str, Any]]) -> dict[int, float]:
+    best: dict[int, float] = {}
+    for row in layers:
+        s, v = int(row["stage"]), float(row["mean_balanced_acc"])
+        best[s] = max(best.get(s, -np.inf), v)
+    return best
+
+
+def table(plan: NetworkPlan, trained: Mapping[int, np.ndarray], initial: Mapping[int, np.ndarray],
+          silent: Sequence[float], random_silent: Sequence[float], layers: Sequence[Mapping[str, Any]],
+          random_layers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per stage: filter statistics, silent fractions and best held-out balanced accuracy,
+    each with its ``random_`` twin (collective)."""
+    best, rbest = _best_by_stage(layers), _best_by_stage(random_layers)
+    rows = []
+    for stage, li in enumerate(plan.network.filter_layers()):
+        st = stage_stats(plan, li, trained[li], initial[li])
+        row = {"stage": stage, "layer": li, "units": int(np.prod(plan.layers[li].out_shape[:3])),
+               "cosine_to_init": st["cosine_to_init"], "median_norm": st["median_norm"]}
+        row.update({k: v for k, v in st.items() if k not in row})
+        row["random_median_norm"] = log_stats(plan, li, initial[li], initial[li])["median_norm"]
+        row.update({"silent_fraction": silent[stage], "random_silent_fraction": random_silent[stage],
+                    "best_balanced_acc": best.get(stage, float("nan")),
+                    "random_best_balanced_acc": rbest.get(stage, float("nan"))})
+        rows.append(row)
+    return rows
