@@ -32,12 +32,14 @@ run=runs/demo
 nofaces=runs/demo-nofaces
 mkdir -p data/demo
 # The datasets: built once (deterministic; `rm data/demo/*.h5` to rebuild).
+# Half of the training images are augmented views of 50 LFW faces; the evaluation's 400
+# faces are views of the 50 other identities, which training never sees.
 [ -f data/demo/natural.h5 ] ||
-    cotsdl prepare-data natural data/demo/natural.h5 --count 4096 --size 64 64 --seed 0 --mix-faces 40
+    cotsdl prepare-data natural data/demo/natural.h5 --count 4096 --size 32 32 --seed 0 --face-fraction 0.5
 [ -f data/demo/faces.h5 ] ||
-    cotsdl prepare-data faces data/demo/faces.h5 --size 64 64 --seed 0
+    cotsdl prepare-data faces data/demo/faces.h5 --size 32 32 --seed 0
 if [ "$control" = 1 ] && [ ! -f data/demo/natural-nofaces.h5 ]; then
-    cotsdl prepare-data natural data/demo/natural-nofaces.h5 --count 4096 --size 64 64 --seed 0 --no-faces
+    cotsdl prepare-data natural data/demo/natural-nofaces.h5 --count 4096 --size 32 32 --seed 0 --no-faces
 fi
 if [ "$fresh" = 1 ]; then
     for d in "$run" "$nofaces"; do

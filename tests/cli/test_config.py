@@ -33,7 +33,7 @@ def test_set_overrides_any_key():
                              "train.optimizer.kind=\"momentum\"", "train.optimizer.momentum=0.5",
                              "train.schedule.kind=\"cosine\"", "train.schedule.total_steps=70", "parallel.grid=[1, 2]"])
     assert cfg["network"]["stages"][1]["filter"]["channels"] == 5
-    assert cfg["train"]["steps"] == [7, 7, 7]  # one number: every stage
+    assert cfg["train"]["steps"] == [7, 7]  # one number: every stage (the demo has two)
     assert cfg["run"]["folder"] == "runs/x"  # a bare word is a string
     lr = config.load(DEMO)["train"]["optimizer"]["lr"]  # kept; adam's beta1, beta2, eps are no longer allowed
     assert cfg["train"]["optimizer"] == {"kind": "momentum", "lr": lr, "weight_decay": 0.0, "clip_norm": None,
@@ -45,7 +45,7 @@ def test_set_overrides_any_key():
     ("network.stages[0].filter.chanels=3", "unknown key network.stages[0].filter.chanels; did you mean 'channels'?"),
     ("network.stages[0].filter.stride=[2.5, 2]",
      "network.stages[0].filter.stride = [2.5, 2]: must be a list of 2 integers >= 1"),
-    ("network.stages[2].filter.channels=5.7", "network.stages[2].filter.channels = 5.7: must be an integer >= 1"),
+    ("network.stages[1].filter.channels=5.7", "network.stages[1].filter.channels = 5.7: must be an integer >= 1"),
     ("network.stages[0].lcn.size=4", "network.stages[0].lcn.size = 4: must be an odd integer >= 1"),
     ("network.input=[48, 48]", "network.input = [48, 48]: must be a list of 3 integers >= 1"),
     ('train.optimizer.lr="0.01"', 'train.optimizer.lr = "0.01": must be a number > 0'),
@@ -53,7 +53,7 @@ def test_set_overrides_any_key():
     ("train.optimizer.momentum=0.9", "unknown key train.optimizer.momentum (allowed: kind, lr, weight_decay, "
                                      "clip_norm, beta1, beta2, eps)"),
     ("train.steps=-3", "train.steps = -3: must be an integer >= 0, or a list of them (one per stage)"),
-    ("train.steps=[10, 10]", "train.steps = [10, 10]: needs one entry per stage (3)"),
+    ("train.steps=[10, 10, 10]", "train.steps = [10, 10, 10]: needs one entry per stage (2)"),
     ("train.epochs=1", "give exactly one of train.steps and train.epochs"),
     ("train.checkpoint_every=-1", "train.checkpoint_every = -1: must be an integer >= 0"),
     ("train.tied=1", "train.tied = 1: must be true or false"),
