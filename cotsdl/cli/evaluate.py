@@ -80,7 +80,7 @@ def run(args) -> int:
 
     from ..array.collective import agreed  # noqa: PLC0415
     from ..array.grid import ProcessGrid  # noqa: PLC0415
-    from ..evaluate import experiment, responses  # noqa: PLC0415
+    from ..evaluate import experiment, responses, stages  # noqa: PLC0415
     from ..nn.network import Network  # noqa: PLC0415
     from ..nn.plan import NetworkPlan  # noqa: PLC0415
     from .train import _setup_backend, open_dataset  # noqa: PLC0415
@@ -135,6 +135,7 @@ def run(args) -> int:
     if root:
         report.update(_context(args, cfg, meta, ckpt, dataset, grid, comm.Get_size(), backend_name, network,
                                control, time.perf_counter() - t0))
+        stages.add_training_recon(report.get("stages", []), _records(Path(args.run)))
         report["verdict"] = {"selective": report["selective"], "sentence": _sentence(report)}
         try:
             _write(args, Path(args.run), report, figs, say)
@@ -151,18 +152,33 @@ def _vs(d: dict[str, Any]) -> str:
     return f"{d['difference']:+.3f} [{d['ci_low']:.3f}, {d['ci_high']:.3f}]"
 
 
+def _top_sentence(report: dict[str, Any]) -> str:
+    """The best neuron of the last stage against the untrained architecture (when there is more than one stage)."""
+    if len(report.get("by_stage") or []) < 2:
+        return ""
+    top = report["by_stage"][-1]
+    iv = top["intervals"]["network"]
+    diffs = "; ".join(f"{c['control']} {_vs(c)}" for c in report["comparisons"]
+                      if c["measure"] == "best_neuron" and c.get("stage") == top["stage"])
+    return (f" Within the last stage (stage {top['stage'] + 1}), the best neuron reaches {iv['score']:.3f} "
+            f"[{iv['ci_low']:.3f}, {iv['ci_high']:.3f}]" + (f"; minus the same stage's best neuron of {diffs}" if diffs
+                                                          else "") + ".")
+
+
 def _sentence(report: dict[str, Any]) -> str:
     """The verdict in plain words: the best neuron, its paired differences, and what they decide."""
     net = report["intervals"]["network"]
     b = report["best"]
     where = (f"layer {b['layer']} ({b['kind']} of stage {b['stage'] + 1}), unit {tuple(b['position'])}, "
              f"{'high' if b['polarity'] == 1 else 'low'} for faces")
-    diffs = "; ".join(f"{c['control']} {_vs(c)}" for c in report["comparisons"] if c["measure"] == "best_neuron")
+    diffs = "; ".join(f"{c['control']} {_vs(c)}" for c in report["comparisons"]
+                      if c["measure"] == "best_neuron" and "stage" not in c)
     head = (f"The best neuron reaches a held-out balanced accuracy of {net['score']:.3f} (95% interval "
             f"[{net['ci_low']:.3f}, {net['ci_high']:.3f}] over {report['groups']} groups) over "
             f"{report['scores']['network']['splits']} splits (the figures show {where}); best neuron minus "
             f"control, paired, with 95% intervals: {diffs}.")
     names = " and ".join(_LABEL.get(m, m) for m in report["must_beat"])
+    head += _top_sentence(report)
     if report["selective"] is None:
         missing = " and ".join(_LABEL.get(m, m) for m in report["missing_controls"])
         return (head + f" Undecided: {missing} was not run as a control (--control-run), so no neuron is called "
@@ -213,17 +229,21 @@ def _write(args, run: Path, report: dict[str, Any], figs: dict[str, Any], say) -
     say(f"report: {md_path} (numbers: {json_path})")
 
 
+def _records(run: Path) -> list[dict[str, Any]]:
+    """The run's metrics.jsonl records ([] when missing or damaged: the report does without)."""
+    try:
+        with open(run / "metrics.jsonl") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
 def _figures(run: Path, folder: Path, report: dict[str, Any], figs: dict[str, Any]) -> dict[str, Any]:
     """Draw every figure; one that fails is reported, not fatal (rank 0 only)."""
     from ..evaluate import figures  # noqa: PLC0415
 
     folder.mkdir(parents=True, exist_ok=True)
-    records = []
-    try:
-        with open(run / "metrics.jsonl") as f:
-            records = [json.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError):
-        pass
+    records = _records(run)
     b = report["best"]
     what = f"layer {b['layer']} ({b['kind']}, stage {b['stage'] + 1}) unit {tuple(b['position'])}"
     jobs = {

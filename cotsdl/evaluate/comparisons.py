@@ -69,16 +69,17 @@ def stage_probes(boot: GroupBootstrap, probes: Mapping[str, Sequence[np.ndarray]
     return table, out
 
 
-def top_stage(boot: GroupBootstrap, calls: Mapping[str, np.ndarray], stage: int) -> tuple[dict, list[dict]]:
-    """(intervals, comparisons) of the best neuron of the last stage alone (``calls[name]``: its (k, N)
-    calls in network ``name``), against the same architecture untrained by faces.
+def stage_best(boot: GroupBootstrap, calls: Mapping[str, np.ndarray], stage: int) -> tuple[dict, list[dict]]:
+    """(intervals, comparisons) of the best neuron among one stage's neurons (``calls[name]``: its
+    (k, N) calls in network ``name``), against the same architecture untrained by faces.
 
-    The paper's face neuron sat at the top of the network; the best neuron overall
-    may be a first-stage unit that random filters match as well.
+    The entries are ``best_neuron`` comparisons with a ``stage``: the paper's face
+    neuron sat at the top of the network, while the best neuron overall may be a
+    first-stage unit that random filters match as well.
     """
     scores = {name: boot.scores(c) for name, c in calls.items()}
     intervals = {name: summary(v) for name, v in scores.items()}
-    out = [{"measure": "top_stage_neuron", "control": c, "stage": stage, **difference(scores["network"], scores[c]),
+    out = [{"measure": "best_neuron", "control": c, "stage": stage, **difference(scores["network"], scores[c]),
             "score": intervals["network"]["score"], "control_score": intervals[c]["score"]}
            for c in PROBE_CONTROLS if c in scores]
     return intervals, out

@@ -103,13 +103,13 @@ DECIDING = ("random_weights", "no_faces")
 
 @dataclass
 class Scored:
-    """A network's best-neuron scores and calls, its last stage's best neuron's scores and calls, its
-    probes' calls per stage, each layer's scores and each stage's silent fraction."""
+    """A network's best-neuron scores and calls, overall and within each stage, its probes' calls per
+    stage, each layer's scores and each stage's silent fraction."""
 
     scores: dict[str, Any]
     calls: np.ndarray
-    top: dict[str, Any]
-    top_calls: np.ndarray
+    by_stage: list[dict[str, Any]]
+    stage_calls: list[np.ndarray]
     probes: list[np.ndarray]
     layers: list[dict[str, Any]]
     silent: list[float]
@@ -134,14 +134,14 @@ def _score(subject: Subject, source: Any, y: np.ndarray, splits: list, combine: 
         per.append(scoring.honest_candidates(R[:, cols], y, splits, ids[cols], combine))
     scores = scoring.summarize(scoring.best_of(*per))
     calls = neuron_calls(scores, responses.columns(R, ids, scores["neurons"], comm))
-    last = infos[-1].stage
-    top = scoring.summarize(scoring.best_of(*[p for p, info in zip(per, infos) if info.stage == last]))
-    top_calls = neuron_calls(top, responses.columns(R, ids, top["neurons"], comm))
+    by_stage = [scoring.summarize(scoring.best_of(*[p for p, info in zip(per, infos) if info.stage == stage]))
+                for stage in sorted({info.stage for info in infos})]
+    stage_calls = [neuron_calls(b, responses.columns(R, ids, b["neurons"], comm)) for b in by_stage]
     layers = [{"layer": info.index, "kind": info.kind, "stage": info.stage, "neurons": info.size,
                "mean_balanced_acc": s["mean_balanced_acc"], "std_balanced_acc": s["std_balanced_acc"],
                "in_sample_balanced_acc": s["in_sample"]["balanced_acc"]}
               for info, s in zip(infos, map(scoring.summarize, per))]
-    return Scored(scores, calls, top, top_calls, probe.stage_calls(R, ids, infos, y, splits, comm), layers,
+    return Scored(scores, calls, by_stage, stage_calls, probe.stage_calls(R, ids, infos, y, splits, comm), layers,
                   stages.silent_fractions(R, ids, infos, comm)), R, ids
 
 
@@ -219,11 +219,11 @@ def _run(subject, controls, source, k, seed, stimulus_steps, resamples, say) -> 
     report = _summaries(boot, rows, calls, probes, scoring.probe_calls(X, y, splits), infos, y, groups,
                         kinds, names, seed)
     report.update({"best": _best(best, infos, 0), "per_layer": per_layer, "images": n, "faces": int(y.sum())})
-    top_intervals, top_vs = comparisons.top_stage(boot, {name: s.top_calls for name, s in scored.items()},
-                                                  infos[-1].stage)
-    report["top_stage"] = {"stage": infos[-1].stage, "intervals": top_intervals,
-                           "best": _best(net.top, infos, 0)}
-    report["comparisons"] += top_vs
+    report["by_stage"] = []
+    for stage, chosen in enumerate(net.by_stage):
+        intervals, vs = comparisons.stage_best(boot, {name: s.stage_calls[stage] for name, s in scored.items()}, stage)
+        report["by_stage"].append({"stage": stage, "intervals": intervals, "best": _best(chosen, infos, 0)})
+        report["comparisons"] += vs
     random = next((c for c in controls if c.name == "random_weights"), None)
     if random is not None:  # the trained network's start: filters, activity and best neuron per stage
         r = scored[random.name]

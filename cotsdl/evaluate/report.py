@@ -132,6 +132,21 @@ def _probes_table(probes: list[dict]) -> list[str]:
     return out
 
 
+def _by_stage_table(by_stage: list[dict], comparisons: list[dict]) -> list[str]:
+    """A row per stage: each network's best neuron of the stage and the trained one's paired differences."""
+    names = list(dict.fromkeys(n for b in by_stage for n in b.get("intervals", {})))
+    controls = [n for n in names if n != "network"]
+    out = ["| stage | " + " | ".join(names) + " | " + " | ".join(f"network − {c}" for c in controls) + " |",
+           "|---|" + "---|" * (len(names) + len(controls))]
+    for b in by_stage:
+        st = b.get("stage")
+        diffs = {c.get("control"): c for c in comparisons if c.get("measure") == "best_neuron" and c.get("stage") == st}
+        out.append(f"| {st + 1 if isinstance(st, int) else st} | "
+                   + " | ".join(_score(b["intervals"].get(n)) for n in names) + " | "
+                   + " | ".join(_diff(diffs.get(c)) for c in controls) + " |")
+    return out
+
+
 def _stages_table(stages: list[dict]) -> list[str]:
     """Per-stage diagnostics (written by the trainer's side): a row per stage, every scalar key a column."""
     scalar = (int, float, str, bool, np.integer, np.floating, type(None))
@@ -289,19 +304,12 @@ def write_report(folder: str | os.PathLike, report: dict, figures: dict[str, Any
                      f"{', '.join(map(str, b['chosen_layers']))}" if b.get("chosen_layers") else "")
                   + (f" and were high for faces in {count.get('high', 0)} split(s), low in {count.get('low', 0)}"
                      if count else "") + ".", ""]
-    top = report.get("top_stage")
-    if isinstance(top, dict) and top.get("intervals"):
-        vs = [c for c in report.get("comparisons", []) if c.get("measure") == "top_stage_neuron"]
-        stage = top.get("stage")
-        lines += ["### The best neuron of the last stage", "",
-                  f"The same choice restricted to the neurons of stage {stage + 1 if isinstance(stage, int) else stage} "
-                  "(where the paper found its face neuron): the best neuron overall may be a first-stage unit that "
-                  "random filters match as well.", "",
-                  "| | held-out balanced acc. [95% interval] | network − it [95% interval] |", "|---|---|---|"]
-        for name, iv in top["intervals"].items():
-            d = next((c for c in vs if c.get("control") == name), None)
-            lines.append(f"| {_cell(name)} | {_score(iv)} | {_diff(d) if d else '–'} |")
-        lines.append("")
+    if report.get("by_stage"):
+        lines += ["### The best neuron of each stage", "",
+                  "The same choice restricted to the neurons of one stage (its filter, pool and LCN outputs), in the "
+                  "trained network and in the same architecture untrained by faces: the paper's face neuron sat at "
+                  "the top, while the best neuron overall may be a first-stage unit that random filters match as "
+                  "well.", ""] + _by_stage_table(report["by_stage"], report.get("comparisons", [])) + [""]
     if report.get("per_kind"):
         lines += ["### Faces against each kind of distractor", "",
                   "The rules chosen against all distractors, scored on the faces against one kind of distractor "

@@ -5,7 +5,9 @@ The filter numbers come from ``nn.stage_stats`` (as the trainer logs them; the
 random-weight control is the trained network's start, so ``cosine_to_init`` is the
 cosine to it); the silent fraction is ``nn.diagnostics.silent_units`` applied to each
 unit's largest response over the evaluation images.  Collective over the grid: the
-same numbers on any number of ranks.
+same numbers on any number of ranks.  ``recon_rel`` (‖x̂ − x‖² / ‖x‖²) comes from the
+training log (:func:`add_training_recon`): the stage's last logged window, and its first
+step (taken at the initial weights) for the random twin.
 """
 from __future__ import annotations
 
@@ -66,3 +68,15 @@ def table(plan: NetworkPlan, trained: Mapping[int, np.ndarray], initial: Mapping
                     "random_best_balanced_acc": rbest.get(stage, float("nan"))})
         rows.append(row)
     return rows
+
+
+def add_training_recon(rows: Sequence[dict[str, Any]], records: Sequence[Mapping[str, Any]]) -> None:
+    """Add ``recon_rel`` (the mean over a stage's last logged window) and ``random_recon_rel`` (its
+    first step, at the initial weights) from a run's metrics records to the rows; NaN when not logged."""
+    for row in rows:
+        mine = [r for r in records if r.get("stage") == row["stage"] and "recon_rel" in r and "stage_step" in r]
+        last = max(mine, key=lambda r: r["stage_step"], default=None)
+        first = min(mine, key=lambda r: r["stage_step"], default=None)
+        row["recon_rel"] = float(last.get("recon_rel_mean", last["recon_rel"])) if last else float("nan")
+        row["random_recon_rel"] = (float(first["recon_rel"]) if first and first["stage_step"] == 1
+                                   else float("nan"))

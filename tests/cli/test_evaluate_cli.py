@@ -39,14 +39,15 @@ def test_evaluate_writes_the_report_and_agrees_across_ranks(setup):  # noqa: F81
     assert a["groups"] == 30 and a["bootstrap"]["resamples"] == 1000
     for key in ("comparisons", "per_kind", "probes", "intervals", "stages"):
         assert json.dumps(a[key], sort_keys=True) == json.dumps(b[key], sort_keys=True), key
-    assert a["top_stage"]["intervals"] == b["top_stage"]["intervals"]  # (float32 thresholds may differ in the last bit)
-    assert a["top_stage"]["best"]["neuron"] == b["top_stage"]["best"]["neuron"]
+    for x, y in zip(a["by_stage"], b["by_stage"]):  # (float32 thresholds may differ in the last bit)
+        assert x["intervals"] == y["intervals"] and x["best"]["neuron"] == y["best"]["neuron"]
     assert [k["kind"] for k in a["per_kind"]] == ["photo_crop", "phase_scrambled"]
     # the random-weight control is the run's start: the filter norm it was trained under ("auto")
     assert [s["stage"] for s in a["stages"]] == [0, 1]
     for s in a["stages"]:
         assert s["random_median_norm"] == pytest.approx(s["median_norm"], rel=1e-4)
         assert 0.9 < s["cosine_to_init"] <= 1.0 + 1e-6  # 4 steps: near the start
+        assert 0 < s["recon_rel"] < 10 and 0 < s["random_recon_rel"] < 10  # from the run's metrics.jsonl
     md = (tmp / "run" / "report.md").read_text()
     links = re.findall(r"\]\(([^)]+\.png)\)", md)
     assert len(links) == 6
@@ -56,8 +57,11 @@ def test_evaluate_writes_the_report_and_agrees_across_ranks(setup):  # noqa: F81
         w, h = struct.unpack(">II", png[16:24])
         assert 300 <= w <= 4000 and 200 <= h <= 4000
     assert a["verdict"]["sentence"] in md
+    overall = [c for c in a["comparisons"] if c["measure"] == "best_neuron" and "stage" not in c]
+    assert a["verdict"]["sentence"].count("random_weights") == 2  # once overall, once within the last stage
+    assert f"random_weights {overall[0]['difference']:+.3f}" in a["verdict"]["sentence"]
     assert "### Faces against each kind of distractor" in md and "### Linear probes on each stage" in md
-    assert "## Stages" in md and "### The best neuron of the last stage" in md
+    assert "## Stages" in md and "### The best neuron of each stage" in md
 
 
 def test_evaluate_bad_input(setup):  # noqa: F811

@@ -102,7 +102,7 @@ def experiment_numbers(comm, dims):
     report, figs = experiment.run(subject, controls, Labeled(), k=6, seed=1, stimulus_steps=3, resamples=200)
     grid.free()
     keep = ("comparisons", "per_kind", "probes", "intervals", "verdicts", "per_layer", "selective", "groups", "kinds",
-            "stages", "top_stage")
+            "stages", "by_stage")
     return {key: report[key] for key in keep} | {"scores": report["scores"], "best": report["best"]}, figs
 
 
@@ -125,5 +125,5 @@ def test_the_experiment_is_the_same_on_any_grid(comm, dims):
     if comm.Get_rank() == 0:
         serial, sfigs = experiment_numbers(MPI.COMM_SELF, (1, 1))
         ok = _close(dist, serial) and np.allclose(figs["stimulus"], sfigs["stimulus"], rtol=1e-9, atol=1e-12)
-        ok = ok and len(dist["comparisons"]) == 4 + 2 * 2 + 2 + 2 and len(dist["stages"]) == 2 and len(dist["probes"]) == 2 and len(dist["per_kind"]) == 2
+        ok = ok and len(dist["comparisons"]) == 4 + 2 * 2 + 2 + 2 * 2 and len(dist["stages"]) == 2 and len(dist["probes"]) == 2 and len(dist["per_kind"]) == 2
     assert agree(comm, same and ok)
