@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job, on a laptop or any one machine: sets up .venv (first run only), builds
-# the datasets, trains the 3-stage network of jobs/configs/demo.toml on 2 MPI ranks
+# the datasets, trains the 2-stage network of jobs/configs/demo.toml on 2 MPI ranks
 # with the CPU backend into runs/demo/, trains the same network on images without
 # faces into runs/demo-nofaces/ (the evaluation's control), then evaluates: which
 # neuron detects faces best on held-out images, against the controls -> runs/demo/report.md.
