@@ -103,48 +103,45 @@ def _table(rows: list[dict], verdicts: dict) -> list[str]:
     return out
 
 
+def _scores_table(heads: list[str], rows: list[tuple[list[Any], dict, dict]]) -> list[str]:
+    """A table of leading cells, then every measure's score [interval], then the network's differences.
+
+    ``rows``: (leading cells, {measure: summary}, {control: difference}) per row."""
+    measures = list(dict.fromkeys(m for _, scores, _ in rows for m in scores))
+    controls = list(dict.fromkeys(c for _, _, diffs in rows for c in diffs))
+    out = ["| " + " | ".join(heads + measures + [f"network − {c}" for c in controls]) + " |",
+           "|" + "---|" * (len(heads) + len(measures) + len(controls))]
+    for lead, scores, diffs in rows:
+        cells = [_cell(v) for v in lead] + [_score(scores.get(m)) for m in measures] + [_diff(diffs.get(c))
+                                                                                       for c in controls]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def _stage_no(stage: Any) -> Any:
+    return stage + 1 if isinstance(stage, int) else stage
+
+
 def _kinds_table(per_kind: list[dict]) -> list[str]:
     """Faces against each distractor kind: a row per kind, every measure and the network's differences."""
-    measures = list(dict.fromkeys(m for k in per_kind for m in k.get("scores", {})))
-    controls = list(dict.fromkeys(c for k in per_kind for c in k.get("differences", {})))
-    out = ["| distractor kind | images (groups) | " + " | ".join(measures) + " | "
-           + " | ".join(f"network − {c}" for c in controls) + " |",
-           "|---|---|" + "---|" * (len(measures) + len(controls))]
-    for k in per_kind:
-        out.append(f"| {_cell(k.get('kind'))} | {k.get('distractors')} ({k.get('groups')}) | "
-                   + " | ".join(_score(k["scores"].get(m)) for m in measures) + " | "
-                   + " | ".join(_diff(k["differences"].get(c)) for c in controls) + " |")
-    return out
+    return _scores_table(["distractor kind", "images (groups)"],
+                         [([k.get("kind"), f"{k.get('distractors')} ({k.get('groups')})"], k.get("scores", {}),
+                           k.get("differences", {})) for k in per_kind])
 
 
 def _probes_table(probes: list[dict]) -> list[str]:
     """The linear probe on each stage's output: a row per stage."""
-    measures = list(dict.fromkeys(m for p in probes for m in p.get("scores", {})))
-    controls = list(dict.fromkeys(c for p in probes for c in p.get("differences", {})))
-    out = ["| stage | layer | features | " + " | ".join(measures) + " | "
-           + " | ".join(f"network − {c}" for c in controls) + " |",
-           "|---|---|---|" + "---|" * (len(measures) + len(controls))]
-    for p in probes:
-        stage = p.get("stage")
-        out.append(f"| {stage + 1 if isinstance(stage, int) else stage} | {p.get('layer')} | {p.get('features')} | "
-                   + " | ".join(_score(p["scores"].get(m)) for m in measures) + " | "
-                   + " | ".join(_diff(p["differences"].get(c)) for c in controls) + " |")
-    return out
+    return _scores_table(["stage", "layer", "features"],
+                         [([_stage_no(p.get("stage")), p.get("layer"), p.get("features")], p.get("scores", {}),
+                           p.get("differences", {})) for p in probes])
 
 
 def _by_stage_table(by_stage: list[dict], comparisons: list[dict]) -> list[str]:
     """A row per stage: each network's best neuron of the stage and the trained one's paired differences."""
-    names = list(dict.fromkeys(n for b in by_stage for n in b.get("intervals", {})))
-    controls = [n for n in names if n != "network"]
-    out = ["| stage | " + " | ".join(names) + " | " + " | ".join(f"network − {c}" for c in controls) + " |",
-           "|---|" + "---|" * (len(names) + len(controls))]
-    for b in by_stage:
-        st = b.get("stage")
-        diffs = {c.get("control"): c for c in comparisons if c.get("measure") == "best_neuron" and c.get("stage") == st}
-        out.append(f"| {st + 1 if isinstance(st, int) else st} | "
-                   + " | ".join(_score(b["intervals"].get(n)) for n in names) + " | "
-                   + " | ".join(_diff(diffs.get(c)) for c in controls) + " |")
-    return out
+    def diffs(st: Any) -> dict:
+        return {c.get("control"): c for c in comparisons if c.get("measure") == "best_neuron" and c.get("stage") == st}
+    return _scores_table(["stage"], [([_stage_no(b.get("stage"))], b.get("intervals", {}), diffs(b.get("stage")))
+                                     for b in by_stage])
 
 
 def _stages_table(stages: list[dict]) -> list[str]:
