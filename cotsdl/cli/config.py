@@ -148,7 +148,12 @@ SCHEMA: dict[str, Any] = {
              "shuffle": Key(boolean, True),
              "preprocess": Key(choice("standardize", "center", "none"), "standardize"),
              "std_floor": Key(number(0, lo_open=True), 0.01, "floor of the per-image std"),
-             "prefetch": Key(boolean, True, "read the next minibatch in a background thread")},
+             "prefetch": Key(boolean, True, "read the next minibatch in a background thread"),
+             "input_lcn": {"size": Key(lambda v: None if _is_int(v) and v >= 0 and (v == 0 or v % 2)
+                                       else "must be 0 (off) or an odd integer >= 1", 0,
+                                       "0: off; else LCN of every input image with this odd window width"),
+                           "sigma": Key(number(0, lo_open=True), 2.0, "Gaussian std of the input LCN"),
+                           "eps": Key(number(0), 1e-3, "floor of the input LCN's divisor")}},
     "network": {"input": Key(ints(3), doc="[H, W, C]"), "stages": [STAGE]},
     "parallel": {"replicas": Key(integer(1), 1, "data-parallel model groups"),
                  "grid": Key(either(choice("auto"), ints(2)), "auto", "[Py, Px] per model group"),

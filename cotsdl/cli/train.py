@@ -246,6 +246,11 @@ def open_dataset(comm, what: str, path, input_shape, batch: int | None, dc: dict
     try:
         data = HDF5Source(path, seed=dc["seed"], shuffle=dc["shuffle"] if shuffle is None else shuffle,
                           preprocess=dc["preprocess"], std_floor=dc["std_floor"], prefetch=dc["prefetch"])
+        lcn = dc.get("input_lcn") or {}
+        if lcn.get("size"):  # whitening: the network sees locally contrast-normalized images
+            from ..io.input_lcn import InputLCN  # noqa: PLC0415
+
+            data = InputLCN(data, lcn["size"], lcn["sigma"], lcn["eps"])
         problems = check_for_network(data.info, input_shape, batch)
         if labels and data.info.labels is None:
             problems.append("no 'labels' (1 = face, 0 = distractor): make one with cotsdl prepare-data faces")

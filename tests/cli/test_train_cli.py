@@ -1,4 +1,5 @@
 """`cotsdl train` and `cotsdl inspect` as a user runs them: under mpiexec, with good and bad input, and signals."""
+import json
 import os
 import signal
 import subprocess
@@ -269,3 +270,23 @@ def test_damaged_checkpoints_are_skipped_or_refused(setup):
         (c / "rank00001.h5").write_bytes(b"")
     res = cotsdl("train", str(cfg), "--set", "train.steps=[4, 6]")
     assert res.returncode == 2 and res.stderr.count("no checkpoint can be resumed") == 1
+
+
+@pytest.mark.timeout(300)
+def test_input_lcn_is_the_same_on_one_and_two_ranks(setup):
+    tmp, make = setup
+    losses = []
+    for ranks in (1, 2):
+        cfg = make(name=f"lcn{ranks}.toml", run=tmp / f"lcn{ranks}", steps=3, every=0)
+        res = cotsdl("train", str(cfg), "--set", "data.input_lcn.size=5", "--set", "data.input_lcn.sigma=1.5",
+                     ranks=ranks)
+        assert res.returncode == 0, res.stderr
+        saved = (tmp / f"lcn{ranks}" / "config.toml").read_text()
+        assert "[data.input_lcn]" in saved and "size = 5" in saved
+        recs = [json.loads(line) for line in (tmp / f"lcn{ranks}" / "metrics.jsonl").read_text().splitlines()]
+        losses.append([r["loss"] for r in recs if "loss" in r])
+    assert np.allclose(losses[0], losses[1], rtol=1e-4)  # each rank's window of the whole-image LCN
+    plain = cotsdl("train", str(make(name="plain.toml", run=tmp / "plain", steps=3, every=0)), ranks=1)
+    assert plain.returncode == 0
+    recs = [json.loads(line) for line in (tmp / "plain" / "metrics.jsonl").read_text().splitlines()]
+    assert not np.isclose(recs[0]["loss"], losses[0][0], rtol=1e-3)  # it did change what the network sees
