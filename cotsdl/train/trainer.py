@@ -302,8 +302,11 @@ class GreedyTrainer:
                 for key in ("loss", "reconstruction", "sparsity", "recon_rel", "pooled"):  # one minibatch is noisy
                     rec[f"{key}_mean"] = float(np.mean([r[key] for r in good]))
                 rec["mean_over"] = len(good)
-                rec.update(monitor.log_stats(self.plan, self.filter_layers[stage], self.params[self.filter_layers[stage]],
-                                             self._initial(stage)))
+                li = self.filter_layers[stage]
+                rec.update(monitor.log_stats(self.plan, li, self.params[li], self._initial(stage)))
+                if not self.tied:  # the decoder may grow where the encoder shrinks: watch both
+                    rec["decoder_median_norm"] = monitor.log_stats(self.plan, li, self.decoders[li],
+                                                                   self._initial(stage))["median_norm"]
                 if _ == int(steps) - 1:  # this call's last step: the stage's filter diagnostics too
                     rec.update(self._finish_stage(stage))
                 window = []

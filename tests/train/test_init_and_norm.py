@@ -131,3 +131,16 @@ def test_stage_end_reports_filter_diagnostics_beside_random_weights():
     logged = [r for r in tr.history if "cosine_to_init" in r]
     assert logged and all(np.isfinite(r["cosine_to_init"]) for r in logged)
     assert any("gabor_fraction" in r for r in tr.history)  # the stage's last log line carries them
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_log_lines_carry_the_decoder_norm_when_untied(tied):
+    imgs = np.random.default_rng(0).standard_normal((32, 16, 16, 1))
+    tr = GreedyTrainer(Network.from_description(NET), InMemorySource(imgs), Adam(0.05), comm=MPI.COMM_SELF, batch=8,
+                       lam=0.1, tied=tied, log_every=2, filter_norm=[0.2, None])
+    tr.train([4, 2])
+    logged = [r for r in tr.history if "median_norm" in r]
+    assert logged and all(("decoder_median_norm" in r) == (not tied) for r in logged)
+    if not tied:
+        first = next(r for r in logged if r["stage"] == 0)
+        assert first["decoder_median_norm"] == pytest.approx(0.2, rel=1e-5)  # projected as the encoder is
