@@ -49,6 +49,14 @@ def _load_run(run: Path) -> tuple[dict[str, Any], Path, dict[str, Any]]:
     return cfg, ckpt, checkpoint.read_index(ckpt)["meta"]
 
 
+def _input_settings(cfg: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    """What a run's network took as input: preprocessing and the input LCN it was trained with."""
+    from .train import input_lcn  # noqa: PLC0415
+
+    saved = (meta.get("data") or {}).get("input_lcn", input_lcn(cfg["data"]))  # older checkpoints: the config
+    return {"preprocess": cfg["data"]["preprocess"], "std_floor": cfg["data"]["std_floor"], "input_lcn": saved}
+
+
 def _check_args(args) -> str | None:
     if args.splits < 2 or args.stimulus_steps < 0:
         return f"need --splits >= 2 and --stimulus-steps >= 0, got {args.splits} and {args.stimulus_steps}"
@@ -104,6 +112,11 @@ def run(args) -> int:
             if control is not None and (control[2]["network"], control[2]["dtype"]) != (meta["network"], meta["dtype"]):
                 raise ValueError(f"--control-run {args.control_run} trained another network or dtype than {run_dir}: "
                                  "the no-face control must be the same architecture")
+            if control is not None:  # both are scored on the images as this run's config prepares them
+                mine, theirs = _input_settings(cfg, meta), _input_settings(control[0], control[2])
+                if mine != theirs:
+                    raise ValueError(f"--control-run {args.control_run} saw other input than {run_dir} "
+                                     f"({theirs} against {mine}): the no-face control must see the same input")
             loaded = (cfg, str(ckpt), meta, control and (control[0], str(control[1]), control[2]), str(dataset))
         except (ValueError, OSError) as e:
             err = str(e)
@@ -113,7 +126,8 @@ def run(args) -> int:
     cfg, ckpt, meta, control, dataset = loaded
     network = Network.from_description(meta["network"])
     backend_name = _setup_backend(cfg, comm)
-    dc = {**cfg["data"], "prefetch": False}
+    lcn = _input_settings(cfg, meta)["input_lcn"]  # as the network was trained
+    dc = {**cfg["data"], "prefetch": False, "input_lcn": lcn or {"size": 0}}
     source = open_dataset(comm, "--dataset", dataset, network.input_shape, None, dc, labels=True, shuffle=False)
     try:
         grid = ProcessGrid(comm, None, network.input_shape[:2])
@@ -202,7 +216,7 @@ def _context(args, cfg, meta, ckpt, dataset, grid, ranks, backend_name, network,
         except ValueError as e:
             return {"error": str(e)}
     data = {"training": {"file": cfg["data"]["file"], "recipe": recipe(cfg["data"]["file"])},
-            "evaluation": {"file": dataset, "recipe": recipe(dataset)}}
+            "evaluation": {"file": dataset, "recipe": recipe(dataset)}, "input": _input_settings(cfg, meta)}
     if control is not None:
         data["control_training"] = {"file": control[0]["data"]["file"], "recipe": recipe(control[0]["data"]["file"]),
                                     "step": control[2]["step"]}

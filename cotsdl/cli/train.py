@@ -123,14 +123,22 @@ def _inspect_run(folder: Path, cfg: dict[str, Any], network_desc: dict[str, Any]
         return None, None
     meta = checkpoint.read_index(latest)["meta"]
     # what defines the model cannot change within a run (lam, the optimizer's settings, steps can)
-    saved = {"network": meta["network"], "train": {"tied": meta["tied"], "dtype": meta["dtype"]}}
-    given = {"network": network_desc, "train": {"tied": cfg["train"]["tied"], "dtype": cfg["train"]["dtype"]}}
+    saved = {"network": meta["network"], "train": {"tied": meta["tied"], "dtype": meta["dtype"]},
+             "data": {"input_lcn": (meta.get("data") or {}).get("input_lcn")}}
+    given = {"network": network_desc, "train": {"tied": cfg["train"]["tied"], "dtype": cfg["train"]["dtype"]},
+             "data": {"input_lcn": input_lcn(cfg["data"])}}
     diff = _diff(saved, given)
     if diff:
         return (f"the config's model differs from the one trained in {folder} (checkpoint {latest.name}):\n  "
                 + "\n  ".join(diff) + "\nuse a new run.folder, or undo the change to resume"), None
     meta["_path"] = str(latest)
     return None, meta
+
+
+def input_lcn(dc: dict[str, Any]) -> dict[str, Any] | None:
+    """``data.input_lcn`` of a validated config as the trainer records it (None: off)."""
+    lcn = dc.get("input_lcn") or {}
+    return {"size": int(lcn["size"]), "sigma": float(lcn["sigma"]), "eps": float(lcn["eps"])} if lcn.get("size") else None
 
 
 def _summary(folder: Path, nstages: int, wall: float, history: list[dict]) -> dict[str, Any]:
@@ -154,6 +162,25 @@ def _summary(folder: Path, nstages: int, wall: float, history: list[dict]) -> di
     speeds = sorted(r["images_per_s"] for r in history)
     return {"stages": stages, "session_seconds": wall, "session_steps": len(history),
             "images_per_s_median": speeds[len(speeds) // 2] if speeds else None}
+
+
+def _filter_diagnostics(folder: Path, this_session: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each finished stage's end-of-stage filter diagnostics: from metrics.jsonl (every session of the
+    run: the stage's last record that has them), this session's where the log has none."""
+    found: dict[int, dict[str, Any]] = {}
+    try:
+        with open(folder / "metrics.jsonl") as f:
+            for line in f:
+                r = json.loads(line) if line.strip() else {}
+                if r.get("filter_stats"):  # the trainer's end-of-stage record
+                    found[r["stage"]] = r
+    except (OSError, ValueError):
+        pass
+    keys = ("cosine_to_init", "median_norm", "gabor_fraction", "oriented_fraction", "median_gabor_r2",
+            "random_gabor_fraction", "random_oriented_fraction", "random_median_gabor_r2")
+    out = {k: {key: r[key] for key in keys if key in r} for k, r in found.items()}
+    out.update(this_session)
+    return [{"stage": k, **v} for k, v in sorted(out.items())]
 
 
 def _agreed(err: str | None) -> None:
@@ -246,8 +273,8 @@ def open_dataset(comm, what: str, path, input_shape, batch: int | None, dc: dict
     try:
         data = HDF5Source(path, seed=dc["seed"], shuffle=dc["shuffle"] if shuffle is None else shuffle,
                           preprocess=dc["preprocess"], std_floor=dc["std_floor"], prefetch=dc["prefetch"])
-        lcn = dc.get("input_lcn") or {}
-        if lcn.get("size"):  # whitening: the network sees locally contrast-normalized images
+        lcn = input_lcn(dc)
+        if lcn:  # whitening: the network sees locally contrast-normalized images
             from ..io.input_lcn import InputLCN  # noqa: PLC0415
 
             data = InputLCN(data, lcn["size"], lcn["sigma"], lcn["eps"])
@@ -378,7 +405,7 @@ def _apply_changes(tr, optimizer, lam: float) -> None:
 def _report(folder: Path, network, tr, backend_name: str, ranks: int, wall: float, say) -> None:
     """summary.json and the closing lines (rank 0; a failed write is a warning, training is done)."""
     summary = _summary(folder, len(network.stages), wall, tr.history)
-    summary["filter_diagnostics"] = [{"stage": k, **v} for k, v in sorted(tr.stage_stats.items())]
+    summary["filter_diagnostics"] = _filter_diagnostics(folder, tr.stage_stats)
     summary.update({"run": str(folder), "config": str(folder / "config.toml"), "step": tr.step,
                     "checkpoint": str(tr.latest_checkpoint()), "ranks": ranks,
                     "grid": list(tr.layout.grid.dims), "replicas": tr.replicas, "backend": backend_name})

@@ -228,7 +228,8 @@ def _run(subject, controls, source, k, seed, stimulus_steps, resamples, say) -> 
     if random is not None:  # the trained network's start: filters, activity and best neuron per stage
         r = scored[random.name]
         report["stages"] = stages.table(subject.plan, subject.params, random.params, net.silent, r.silent,
-                                        net.layers, r.layers)
+                                        [b["mean_balanced_acc"] for b in net.by_stage],
+                                        [b["mean_balanced_acc"] for b in r.by_stage])
     figures = _figure_data(subject, R, ids, y, images, best, infos, splits, seed, stimulus_steps, comm)
     report["best"]["stimulus_trace"] = figures.pop("trace")
     return report, figures

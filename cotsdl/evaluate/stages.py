@@ -7,7 +7,8 @@ cosine to it); the silent fraction is ``nn.diagnostics.silent_units`` applied to
 unit's largest response over the evaluation images.  Collective over the grid: the
 same numbers on any number of ranks.  ``recon_rel`` (‖x̂ − x‖² / ‖x‖²) comes from the
 training log (:func:`add_training_recon`): the stage's last logged window, and its first
-step (taken at the initial weights) for the random twin.
+step (taken at the stage's initial weights) for the random twin -- for stages above the
+first, random weights on top of the *trained* stages below.
 """
 from __future__ import annotations
 
@@ -42,20 +43,12 @@ def silent_fractions(R: np.ndarray, ids: np.ndarray, infos: Sequence[responses.L
     return out
 
 
-def _best_by_stage(layers: Sequence[Mapping[str, Any]]) -> dict[int, float]:
-    best: dict[int, float] = {}
-    for row in layers:
-        s, v = int(row["stage"]), float(row["mean_balanced_acc"])
-        best[s] = max(best.get(s, -np.inf), v)
-    return best
-
-
 def table(plan: NetworkPlan, trained: Mapping[int, np.ndarray], initial: Mapping[int, np.ndarray],
-          silent: Sequence[float], random_silent: Sequence[float], layers: Sequence[Mapping[str, Any]],
-          random_layers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per stage: filter statistics, silent fractions and best held-out balanced accuracy,
-    each with its ``random_`` twin (collective)."""
-    best, rbest = _best_by_stage(layers), _best_by_stage(random_layers)
+          silent: Sequence[float], random_silent: Sequence[float], best: Sequence[float],
+          random_best: Sequence[float]) -> list[dict[str, Any]]:
+    """One row per stage: filter statistics, silent fractions and the held-out balanced accuracy of the
+    stage's best neuron (``best[s]``: chosen on each split's selection half), each with its ``random_``
+    twin (collective)."""
     rows = []
     for stage, li in enumerate(plan.network.filter_layers()):
         st = stage_stats(plan, li, trained[li], initial[li])
@@ -64,8 +57,7 @@ def table(plan: NetworkPlan, trained: Mapping[int, np.ndarray], initial: Mapping
         row.update({k: v for k, v in st.items() if k not in row})
         row["random_median_norm"] = log_stats(plan, li, initial[li], initial[li])["median_norm"]
         row.update({"silent_fraction": silent[stage], "random_silent_fraction": random_silent[stage],
-                    "best_balanced_acc": best.get(stage, float("nan")),
-                    "random_best_balanced_acc": rbest.get(stage, float("nan"))})
+                    "best_balanced_acc": float(best[stage]), "random_best_balanced_acc": float(random_best[stage])})
         rows.append(row)
     return rows
 

@@ -25,6 +25,7 @@ from ..array.collective import agree, agreed, raise_collectively, sum_values
 from ..array.distarray import DistArray
 from ..array.grid import split_replicas
 from ..io import checkpoint
+from ..io.input_lcn import InputLCN
 from ..nn.network import Network, project_norm, unit_gain_norm
 from ..nn.plan import NetworkPlan
 from ..nn import stage_stats as monitor
@@ -308,11 +309,14 @@ class GreedyTrainer:
                     rec["decoder_median_norm"] = monitor.log_stats(self.plan, li, self.decoders[li],
                                                                    self._initial(stage))["median_norm"]
                 if _ == int(steps) - 1:  # this call's last step: the stage's filter diagnostics too
-                    rec.update(self._finish_stage(stage))
+                    rec.update(self._finish_stage(stage), filter_stats=True)
                 window = []
                 self._report(rec)
-            elif self._is_root and hasattr(self._log, "isatty") and self._log.isatty():
-                print(f"\rstage {stage} step {self.stage_step} loss {rec['loss']:.4g}", end="", file=self._log)
+            else:
+                if _ == int(steps) - 1:  # not logged (log_every 0): the diagnostics still go into stage_stats
+                    rec.update(self._finish_stage(stage))
+                if self._is_root and hasattr(self._log, "isatty") and self._log.isatty():
+                    print(f"\rstage {stage} step {self.stage_step} loss {rec['loss']:.4g}", end="", file=self._log)
             if self.checkpoint_dir and self.checkpoint_every and self.step % self.checkpoint_every == 0:
                 if self.bad_in_row:
                     self._say(f"checkpoint at step {self.step} skipped: the last step was not finite")
@@ -415,7 +419,9 @@ class GreedyTrainer:
                 "tied": self.tied, "batch": self.batch, "replicas": self.replicas,
                 "grid": list(self.layout.grid.dims), "dtype": self.plan.dtype.name, "optimizer": opt,
                 "skipped": self.skipped, "bad_in_row": self.bad_in_row,
-                "data": {"kind": type(self.data).__name__, "seed": getattr(self.data, "seed", None)}}
+                "data": {"kind": type(self.data).__name__, "seed": getattr(self.data, "seed", None),
+                         # what the network's input is: part of the model (resume and evaluation check it)
+                         "input_lcn": self.data.describe() if isinstance(self.data, InputLCN) else None}}
         path = checkpoint.save(self.checkpoint_dir, self.step, self.world, self._arrays(), meta,
                                writer=self.layout.replica == 0, keep=self.keep)
         self._saved_step = self.step

@@ -87,6 +87,11 @@ def test_evaluate_bad_input(setup):  # noqa: F811
     other = cotsdl("evaluate", str(tmp / "run"), "--dataset", str(tmp / "ok.h5"), "--control-run", str(tmp / "other"),
                    ranks=2)
     assert other.returncode == 2 and other.stderr.count("must be the same architecture") == 1
+    assert cotsdl("train", str(make("whitened.toml", run=tmp / "whitened", steps=2, every=100)),
+                  "--set", "data.input_lcn.size=3").returncode == 0
+    whitened = cotsdl("evaluate", str(tmp / "run"), "--dataset", str(tmp / "ok.h5"), "--control-run",
+                      str(tmp / "whitened"), ranks=2)
+    assert whitened.returncode == 2 and whitened.stderr.count("must see the same input") == 1, whitened.stderr
     few = cotsdl("evaluate", str(tmp / "run"), "--dataset", str(tmp / "ok.h5"), "--splits", "1", ranks=1)
     assert few.returncode == 2 and "need --splits >= 2" in few.stderr
     resamples = cotsdl("evaluate", str(tmp / "run"), "--dataset", str(tmp / "ok.h5"), "--bootstrap", "10", ranks=1)
@@ -97,5 +102,5 @@ def test_evaluate_bad_input(setup):  # noqa: F811
     one = cotsdl("evaluate", str(tmp / "run"), "--dataset", str(tmp / "one.h5"), ranks=2)
     assert one.returncode == 2 and one.stderr.count("at least 2 groups with faces") == 1, one.stderr
     everything = (unlabeled.stderr + missing.stderr + allfaces.stderr + unwritable.stderr + other.stderr + few.stderr
-                  + resamples.stderr + one.stderr)
+                  + resamples.stderr + one.stderr + whitened.stderr)
     assert "Traceback" not in everything and "Abort" not in everything

@@ -290,3 +290,17 @@ def test_input_lcn_is_the_same_on_one_and_two_ranks(setup):
     assert plain.returncode == 0
     recs = [json.loads(line) for line in (tmp / "plain" / "metrics.jsonl").read_text().splitlines()]
     assert not np.isclose(recs[0]["loss"], losses[0][0], rtol=1e-3)  # it did change what the network sees
+
+
+@pytest.mark.timeout(300)
+def test_input_lcn_cannot_change_within_a_run_and_diagnostics_survive_a_resume(setup):
+    tmp, make = setup
+    cfg = make(name="r.toml", run=tmp / "r", steps=3, every=3)
+    assert cotsdl("train", str(cfg), "--set", "train.steps=[3, 0]", ranks=1).returncode == 0
+    changed = cotsdl("train", str(cfg), "--set", "data.input_lcn.size=3", ranks=1)
+    assert changed.returncode == 2 and "data.input_lcn" in changed.stderr, changed.stderr
+    again = cotsdl("train", str(cfg), ranks=1)  # stage 2 in a second session
+    assert again.returncode == 0, again.stderr
+    summary = json.loads((tmp / "r" / "summary.json").read_text())
+    assert [d["stage"] for d in summary["filter_diagnostics"]] == [0, 1]  # stage 0 from the first session's log
+    assert "gabor_fraction" in summary["filter_diagnostics"][0]

@@ -144,3 +144,11 @@ def test_log_lines_carry_the_decoder_norm_when_untied(tied):
     if not tied:
         first = next(r for r in logged if r["stage"] == 0)
         assert first["decoder_median_norm"] == pytest.approx(0.2, rel=1e-5)  # projected as the encoder is
+
+
+def test_stage_diagnostics_are_kept_without_logging():
+    imgs = np.random.default_rng(0).standard_normal((32, 16, 16, 1))
+    tr = GreedyTrainer(Network.from_description(NET), InMemorySource(imgs), Adam(0.05), comm=MPI.COMM_SELF, batch=8,
+                       lam=0.1, log_every=0, filter_norm="auto")
+    tr.train([3, 2])
+    assert sorted(tr.stage_stats) == [0, 1] and "gabor_fraction" in tr.stage_stats[0]
