@@ -28,7 +28,7 @@ def tiny():
 
 
 def demo():
-    return Network.from_description(config.load(ROOT / "jobs/configs/demo.toml")["network"])
+    return Network.from_description(config.load(ROOT / "tests/planner/three_stage.toml")["network"])
 
 
 def test_the_planner_imports_without_mpi():
