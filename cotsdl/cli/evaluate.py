@@ -215,12 +215,14 @@ def _context(args, cfg, meta, ckpt, dataset, grid, ranks, backend_name, network,
             return inspect(path).recipe
         except ValueError as e:
             return {"error": str(e)}
+    from ..evaluate import setup  # noqa: PLC0415
+
     data = {"training": {"file": cfg["data"]["file"], "recipe": recipe(cfg["data"]["file"])},
             "evaluation": {"file": dataset, "recipe": recipe(dataset)}, "input": _input_settings(cfg, meta)}
     if control is not None:
         data["control_training"] = {"file": control[0]["data"]["file"], "recipe": recipe(control[0]["data"]["file"]),
                                     "step": control[2]["step"]}
-    return {"network": network.describe(),
+    return {"setup": setup.describe(cfg, meta, data["training"]["recipe"]), "network": network.describe(),
             "run": {"folder": str(args.run), "checkpoint": ckpt, "step": meta["step"], "ranks": ranks,
                     "grid": list(grid.dims), "training_grid": meta["grid"], "training_replicas": meta["replicas"],
                     "backend": backend_name, "control_run": args.control_run, "seconds": seconds},

@@ -266,6 +266,10 @@ def write_report(folder: str | os.PathLike, report: dict, figures: dict[str, Any
         lines += [f"Run `{run['folder']}`" + (f", checkpoint at step {run['step']}." if run.get("step") is not None
                                               else "."), ""]
     lines += ["## Verdict", "", verdict, ""]
+    setup = report.get("setup")
+    if isinstance(setup, dict) and setup.get("deviations"):
+        lines += ["## Setup: where this run departs from the paper", ""]
+        lines += [f"- {_cell(d)}" for d in setup["deviations"]] + [""]
 
     lines += ["## The best neuron against the controls", ""]
     n_img, n_face = report.get("images"), report.get("faces")

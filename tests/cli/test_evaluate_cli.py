@@ -62,6 +62,8 @@ def test_evaluate_writes_the_report_and_agrees_across_ranks(setup):  # noqa: F81
     assert f"random_weights {overall[0]['difference']:+.3f}" in a["verdict"]["sentence"]
     assert "### Faces against each kind of distractor" in md and "### Linear probes on each stage" in md
     assert "## Stages" in md and "### The best neuron of each stage" in md
+    assert "## Setup: where this run departs from the paper" in md and "inputs 12×12×1" in md
+    assert a["setup"]["face_fraction"] is None  # the tiny set was not built by `natural`
 
 
 def test_evaluate_bad_input(setup):  # noqa: F811
