@@ -110,7 +110,6 @@ def device_ceilings(repeats: int = 5) -> dict[str, float]:
             "fp32_peak_GFLOPs": peak, "memory_GBps": bw, "cublas_sgemm_GFLOPs": gemm}
 
 # -- peers (--peer): the same functions in PyTorch (eager and torch.compile'd) and JAX -------------
-PEER_NAMES = ("torch", "torch-compile", "jax")
 
 
 def _sites_order(y: np.ndarray, block: tuple[int, int]) -> np.ndarray:

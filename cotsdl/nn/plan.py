@@ -124,15 +124,10 @@ class NetworkPlan:
         lp.exchange.exchange(x, win, validate=False)
         return win.data
 
-    def _sum_window(self, lp: LayerPlan, dwin: Any) -> DistArray:
-        """Contributions on layer ``lp``'s input window summed into their owners (the adjoint of
-        :meth:`_fill_window`); the result is in the owned layout of the layer's input."""
-        owners, pending = self._start_sum_window(lp, dwin)
-        pending.wait()
-        return owners
-
     def _start_sum_window(self, lp: LayerPlan, dwin: Any) -> tuple[DistArray, Any]:
-        """Begin :meth:`_sum_window`: (the owners' array, valid after ``wait()`` of the pending call)."""
+        """Begin summing the contributions on layer ``lp``'s input window into their owners (the adjoint
+        of :meth:`_fill_window`): (the owners' array, in the owned layout of the layer's input, valid
+        after ``wait()`` of the pending call)."""
         xp = backend.array_module(dwin)
         comm = self.grid.comm
         src = DistArray(comm, lp.in_shape, lp.window, data=dwin.astype(self.dtype, copy=False))

@@ -16,11 +16,6 @@ class Cost:
     flops: float
     bytes: float
 
-    @property
-    def intensity(self) -> float:
-        """Arithmetic intensity, FLOPs per byte."""
-        return self.flops / self.bytes if self.bytes else float("inf")
-
 
 def local_filter(H: int, W: int, C: int, N: int, size, stride, block, K: int, itemsize: int = 4) -> dict[str, Cost]:
     """Forward, backward-data and backward-weights of the block locally-connected filter.
