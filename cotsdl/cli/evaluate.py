@@ -149,7 +149,7 @@ def run(args) -> int:
     if root:
         report.update(_context(args, cfg, meta, ckpt, dataset, grid, comm.Get_size(), backend_name, network,
                                control, time.perf_counter() - t0))
-        stages.add_training_recon(report.get("stages", []), _records(Path(args.run)))
+        stages.add_training_log(report.get("stages", []), _records(Path(args.run)))
         report["verdict"] = {"selective": report["selective"], "sentence": _sentence(report)}
         try:
             _write(args, Path(args.run), report, figs, say)

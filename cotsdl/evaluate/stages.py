@@ -6,7 +6,7 @@ random-weight control is the trained network's start, so ``cosine_to_init`` is t
 cosine to it); the silent fraction is ``nn.diagnostics.silent_units`` applied to each
 unit's largest response over the evaluation images.  Collective over the grid: the
 same numbers on any number of ranks.  ``recon_rel`` (‖x̂ − x‖² / ‖x‖²) comes from the
-training log (:func:`add_training_recon`): the stage's last logged window, and its first
+training log (:func:`add_training_log`, with ``pooled`` and, untied, ``decoder_median_norm``): the stage's last logged window, and its first
 step (taken at the stage's initial weights) for the random twin -- for stages above the
 first, random weights on top of the *trained* stages below.
 """
@@ -62,13 +62,23 @@ def table(plan: NetworkPlan, trained: Mapping[int, np.ndarray], initial: Mapping
     return rows
 
 
-def add_training_recon(rows: Sequence[dict[str, Any]], records: Sequence[Mapping[str, Any]]) -> None:
-    """Add ``recon_rel`` (the mean over a stage's last logged window) and ``random_recon_rel`` (its
-    first step, at the initial weights) from a run's metrics records to the rows; NaN when not logged."""
+#: What the training log gives each stage row: (key, a "random_" twin from the stage's first step).
+FROM_LOG = (("recon_rel", True), ("pooled", True), ("decoder_median_norm", False))
+
+
+def add_training_log(rows: Sequence[dict[str, Any]], records: Sequence[Mapping[str, Any]]) -> None:
+    """Add from a run's metrics records, for each key of :data:`FROM_LOG` the run logged: its value
+    over the stage's last logged window (``recon_rel``: ‖x̂ − x‖²/‖x‖²; ``pooled``: the pooled
+    activations summed per image, the sparsity term without lam; ``decoder_median_norm``: untied runs) and, where it
+    has one, its ``random_`` twin from the stage's first step (taken at the stage's initial
+    weights); NaN when not logged (``recon_rel`` and ``pooled`` are always present)."""
     for row in rows:
-        mine = [r for r in records if r.get("stage") == row["stage"] and "recon_rel" in r and "stage_step" in r]
-        last = max(mine, key=lambda r: r["stage_step"], default=None)
-        first = min(mine, key=lambda r: r["stage_step"], default=None)
-        row["recon_rel"] = float(last.get("recon_rel_mean", last["recon_rel"])) if last else float("nan")
-        row["random_recon_rel"] = (float(first["recon_rel"]) if first and first["stage_step"] == 1
-                                   else float("nan"))
+        for key, twin in FROM_LOG:
+            mine = [r for r in records if r.get("stage") == row["stage"] and key in r and "stage_step" in r]
+            if not mine and key not in ("recon_rel", "pooled"):
+                continue
+            last = max(mine, key=lambda r: r["stage_step"], default=None)
+            first = min(mine, key=lambda r: r["stage_step"], default=None)
+            row[key] = float(last.get(f"{key}_mean", last[key])) if last else float("nan")
+            if twin:
+                row[f"random_{key}"] = float(first[key]) if first and first["stage_step"] == 1 else float("nan")
