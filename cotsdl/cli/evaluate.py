@@ -135,7 +135,7 @@ def run(args) -> int:
         subject = experiment.Subject("network", f"the trained network (checkpoint {Path(ckpt).name})", plan,
                                      responses.load_params(plan, ckpt, comm))
         controls = [experiment.Subject("random_weights", "the same network with its initial random weights", plan,
-                                       plan.init_params(meta["seed"], meta.get("filter_norm")))]  # as the trainer began
+                                       responses.to_device(plan.init_params(meta["seed"], meta.get("filter_norm"))))]  # as the trainer began
         if control is not None:  # the same architecture (checked above): the same plan
             controls.append(experiment.Subject("no_faces", f"the architecture trained without faces "
                                                f"({args.control_run})", plan, responses.load_params(plan, control[1], comm)))

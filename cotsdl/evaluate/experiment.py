@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .. import backend
 from ..array.box import Box
 from ..array.collective import raise_collectively
 from ..array.collect import gather
@@ -300,7 +301,8 @@ def _figure_data(subject: Subject, R, ids, y, images, scores, infos, splits, see
     order = test[np.argsort(-b["polarity"] * r[test], kind="stable")]
     w0 = subject.plan.network.filter_layers()[0]
     shape, box = subject.plan.weight_box(w0)
-    filters = gather(DistArray(comm, shape, box, box, data=np.ascontiguousarray(subject.params[w0])))
+    host = np.ascontiguousarray(backend.to_numpy(subject.params[w0]))  # the figure is drawn on the host
+    filters = gather(DistArray(comm, shape, box, box, data=host))
     one = NetworkPlan(subject.plan.network, subject.plan.grid, 1, subject.plan.dtype)
     img, trace = stimulus.optimal_stimulus(one, subject.params, b["layer"], tuple(b["position"]),
                                            stimulus.mean_norm(images[y == 1]), steps=steps, seed=seed,

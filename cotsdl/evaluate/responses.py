@@ -54,7 +54,13 @@ def load_params(plan: NetworkPlan, ckpt: str, comm: MPI.Comm) -> dict[int, np.nd
     """This rank's weights of every filter layer from a checkpoint (any grid it was saved on)."""
     wanted = {f"w/{lp.index}": plan.weight_box(lp.index)[1] for lp in plan.layers if lp.layer.kind == "filter"}
     arrays = checkpoint.load(ckpt, comm, wanted, dtype=plan.dtype)
-    return {int(k.split("/")[1]): v for k, v in arrays.items()}
+    return to_device({int(k.split("/")[1]): v for k, v in arrays.items()})
+
+
+def to_device(params: dict[int, Any]) -> dict[int, Any]:
+    """Weights on the backend's device (CuPy arrays on a GPU; unchanged on the host backends)."""
+    xp = backend.xp()
+    return {k: xp.ascontiguousarray(xp.asarray(v)) for k, v in params.items()}
 
 
 def _ids(lp, info: LayerInfo) -> np.ndarray:
@@ -77,7 +83,8 @@ def collect(plan: NetworkPlan, params: dict[int, np.ndarray], source: Any, count
     B = plan.batch
     for first in range(0, count, B):
         xb = source.read(first, B, plan.input_owned)  # past the end: the stream wraps; rows dropped below
-        x = plan.input_array(np.ascontiguousarray(backend.xp().asarray(xb), dtype=plan.dtype))
+        xp = backend.xp()  # the images go to the backend's device, as in training
+        x = plan.input_array(xp.ascontiguousarray(xp.asarray(xb, dtype=plan.dtype)))
         _, tape = plan.forward(x, params)
         n = min(B, count - first)
         cols = [backend.to_numpy(y).reshape(-1, B)[:, :n].T for y in tape.outputs]  # (i, j, c) row-major

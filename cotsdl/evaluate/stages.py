@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import backend
 from ..nn.diagnostics import silent_units
 from ..nn.plan import NetworkPlan
 from ..nn.stage_stats import log_stats, stage_stats
@@ -51,11 +52,12 @@ def table(plan: NetworkPlan, trained: Mapping[int, np.ndarray], initial: Mapping
     twin (collective)."""
     rows = []
     for stage, li in enumerate(plan.network.filter_layers()):
-        st = stage_stats(plan, li, trained[li], initial[li])
+        w, w0 = backend.to_numpy(trained[li]), backend.to_numpy(initial[li])  # filter statistics run on the host
+        st = stage_stats(plan, li, w, w0)
         row = {"stage": stage, "layer": li, "units": int(np.prod(plan.layers[li].out_shape[:3])),
                "cosine_to_init": st["cosine_to_init"], "median_norm": st["median_norm"]}
         row.update({k: v for k, v in st.items() if k not in row})
-        row["random_median_norm"] = log_stats(plan, li, initial[li], initial[li])["median_norm"]
+        row["random_median_norm"] = log_stats(plan, li, w0, w0)["median_norm"]
         row.update({"silent_fraction": silent[stage], "random_silent_fraction": random_silent[stage],
                     "best_balanced_acc": float(best[stage]), "random_best_balanced_acc": float(random_best[stage])})
         rows.append(row)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from .. import backend
 from ..array.collect import gather
 from ..array.collective import sum_values
 from ..array.distarray import DistArray
@@ -28,12 +29,13 @@ def response_and_gradient(plan: NetworkPlan, params: dict[int, np.ndarray], x: n
     if plan.batch != 1:
         raise ValueError(f"the stimulus plan takes one image at a time, got batch {plan.batch}")
     comm = plan.grid.comm
-    xin = plan.input_array(np.ascontiguousarray(x, dtype=plan.dtype))
+    xp = backend.xp()  # x stays on the host; the network runs on the backend's device
+    xin = plan.input_array(xp.ascontiguousarray(xp.asarray(x, dtype=plan.dtype)))
     y, tape = plan.forward(xin, params, upto=layer + 1)
     out = plan.layers[layer].out
     at = tuple(position) + (0,)
     mine = out.contains_point(at)
-    local = np.zeros(out.shape, plan.dtype)
+    local = xp.zeros(out.shape, plan.dtype)
     value = 0.0
     if mine:
         rel = tuple(p - lo for p, lo in zip(at, out.lo))
@@ -42,7 +44,7 @@ def response_and_gradient(plan: NetworkPlan, params: dict[int, np.ndarray], x: n
     value = float(sum_values(comm, [value])[0])
     dy = DistArray(comm, plan.layers[layer].out_shape, out, out, data=local)
     dx, _ = plan.backward(dy, tape, params)
-    return value, np.asarray(dx.data)
+    return value, backend.to_numpy(dx.data)
 
 
 def optimal_stimulus(plan: NetworkPlan, params: dict[int, np.ndarray], layer: int, position: tuple[int, int, int],
