@@ -91,6 +91,15 @@ def per_stage(item: Callable[[Any], str | None], what: str) -> Callable[[Any], s
     return check
 
 
+def odd_size(off: bool = False) -> Callable[[Any], str | None]:
+    """An odd window width >= 1 (an LCN's), or also 0 meaning "off"."""
+    def check(v: Any) -> str | None:
+        if _is_int(v) and ((v >= 1 and v % 2) or (off and v == 0)):
+            return None
+        return "must be 0 (off) or an odd integer >= 1" if off else "must be an odd integer >= 1"
+    return check
+
+
 def either(*checks: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
     def check(v):
         errs = [c(v) for c in checks]
@@ -107,8 +116,7 @@ STAGE = {
     "pool": {"size": Key(ints(2), doc="[ph, pw]"),
              "stride": Key(ints(2), doc="[qh, qw]"),
              "eps": Key(number(0), 0.0, "inside the square root")},
-    "lcn": {"size": Key(lambda v: None if _is_int(v) and v >= 1 and v % 2 else "must be an odd integer >= 1",
-                        doc="odd Gaussian window width"),
+    "lcn": {"size": Key(odd_size(), doc="odd Gaussian window width"),
             "sigma": Key(number(0, lo_open=True), doc="Gaussian std"),
             "eps": Key(number(0), 1e-4, "floor of the divisor")},
 }
@@ -149,8 +157,7 @@ SCHEMA: dict[str, Any] = {
              "preprocess": Key(choice("standardize", "center", "none"), "standardize"),
              "std_floor": Key(number(0, lo_open=True), 0.01, "floor of the per-image std"),
              "prefetch": Key(boolean, True, "read the next minibatch in a background thread"),
-             "input_lcn": {"size": Key(lambda v: None if _is_int(v) and v >= 0 and (v == 0 or v % 2)
-                                       else "must be 0 (off) or an odd integer >= 1", 0,
+             "input_lcn": {"size": Key(odd_size(off=True), 0,
                                        "0: off; else LCN of every input image with this odd window width"),
                            "sigma": Key(number(0, lo_open=True), 2.0, "Gaussian std of the input LCN"),
                            "eps": Key(number(0), 1e-3, "floor of the input LCN's divisor")}},

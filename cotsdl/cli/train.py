@@ -176,9 +176,9 @@ def _filter_diagnostics(folder: Path, this_session: dict[int, dict[str, Any]]) -
                     found[r["stage"]] = r
     except (OSError, ValueError):
         pass
-    keys = ("cosine_to_init", "median_norm", "gabor_fraction", "oriented_fraction", "median_gabor_r2",
-            "random_gabor_fraction", "random_oriented_fraction", "random_median_gabor_r2")
-    out = {k: {key: r[key] for key in keys if key in r} for k, r in found.items()}
+    from ..nn.stage_stats import STAGE_KEYS  # noqa: PLC0415
+
+    out = {k: {key: r[key] for key in STAGE_KEYS if key in r} for k, r in found.items()}
     out.update(this_session)
     return [{"stage": k, **v} for k, v in sorted(out.items())]
 

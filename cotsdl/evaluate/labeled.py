@@ -7,39 +7,23 @@ image is its own group and the kinds are ``face`` (label 1) and ``distractor``.
 """
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
 
-#: The kinds of a labeled file that records none (label 1, label 0).
-DEFAULT_KIND_NAMES = ("face", "distractor")
-
-
-def _from_file(path: Any, key: str) -> tuple[np.ndarray | None, Any]:
-    """The (N,) dataset ``key`` of the file and its ``kind_names`` attribute, or (None, None)."""
-    import h5py  # noqa: PLC0415
-
-    with h5py.File(path, "r") as f:
-        if key not in f:
-            return None, None
-        return f[key][()], f[key].attrs.get("kind_names")
+from ..io.dataset import DEFAULT_KIND_NAMES
 
 
 def groups_and_kinds(source: Any, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     """(groups, kinds, kind_names) of the labeled images of ``source``, with defaults where absent.
 
-    Takes them from the reader (``groups()``, ``kinds()``, ``kind_names``) or, for a
-    reader without them, from the file at ``source.path``.  Raises ValueError when
-    they do not fit the images (the same on every process: the same file).
+    Takes them from the reader (``HDF5Source.groups()``, ``kinds()``, ``kind_names``);
+    a source without them (an in-memory one) gets the defaults.  Raises ValueError
+    when they do not fit the images (the same on every process: the same file).
     """
     n = len(y)
     if hasattr(source, "groups"):
         groups, kinds, names = source.groups(), source.kinds(), source.kind_names
-    elif getattr(source, "path", None) is not None:
-        groups = _from_file(source.path, "groups")[0]
-        kinds, names = _from_file(source.path, "kinds")
-        names = None if names is None else json.loads(names)
     else:
         groups = kinds = names = None
     groups = np.arange(n) if groups is None else np.asarray(groups)

@@ -225,7 +225,11 @@ def apply_threshold(r: Any, y: Any, t: float, polarity: int = 1) -> tuple[float,
     """(accuracy, balanced accuracy) of the rule ``t``, ``polarity`` (:func:`rule`) on responses ``r``."""
     r = np.asarray(r)
     y = _labels(y, len(r))
-    face = rule(r, t, polarity)
+    return _accuracies(rule(r, t, polarity), y)
+
+
+def _accuracies(face: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(accuracy, balanced accuracy) of the bool calls ``face`` against bool labels ``y``."""
     tpr = np.count_nonzero(face & y) / np.count_nonzero(y)
     tnr = np.count_nonzero(~face & ~y) / np.count_nonzero(~y)
     return float(np.mean(face == y)), float((tpr + tnr) / 2)
@@ -427,9 +431,9 @@ def split_scores(calls: Any, y: Any, splits: Sequence[tuple[np.ndarray, np.ndarr
     y = np.asarray(y).astype(bool)
     acc, bal = [], []
     for c, (_, test) in zip(np.asarray(calls, bool), splits):
-        face, yt = c[test], y[test]
-        acc.append(float(np.mean(face == yt)))
-        bal.append(float((np.mean(face[yt]) + np.mean(~face[~yt])) / 2))
+        a, b = _accuracies(c[test], y[test])
+        acc.append(a)
+        bal.append(b)
     return {"splits": len(acc), "test_acc": acc, "test_balanced_acc": bal,
             "mean_balanced_acc": float(np.mean(bal)), "std_balanced_acc": float(np.std(bal)),
             "mean_acc": float(np.mean(acc)), "std_acc": float(np.std(acc))}

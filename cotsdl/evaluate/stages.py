@@ -20,7 +20,7 @@ import numpy as np
 from .. import backend
 from ..nn.diagnostics import silent_units
 from ..nn.plan import NetworkPlan
-from ..nn.stage_stats import log_stats, stage_stats
+from ..nn.stage_stats import median_norm, stage_stats
 from . import responses
 
 #: A unit is silent when its peak |response| is below this fraction of the median unit's peak.
@@ -57,7 +57,7 @@ def table(plan: NetworkPlan, trained: Mapping[int, np.ndarray], initial: Mapping
         row = {"stage": stage, "layer": li, "units": int(np.prod(plan.layers[li].out_shape[:3])),
                "cosine_to_init": st["cosine_to_init"], "median_norm": st["median_norm"]}
         row.update({k: v for k, v in st.items() if k not in row})
-        row["random_median_norm"] = log_stats(plan, li, w0, w0)["median_norm"]
+        row["random_median_norm"] = median_norm(plan, w0)
         row.update({"silent_fraction": silent[stage], "random_silent_fraction": random_silent[stage],
                     "best_balanced_acc": float(best[stage]), "random_best_balanced_acc": float(random_best[stage])})
         rows.append(row)

@@ -28,40 +28,56 @@ def initial_weights(plan: NetworkPlan, li: int, seed: int, norm: float | None) -
     return init_weights(lp.layer, lp.in_shape, lp.sites, seed, li, plan.dtype, norm)
 
 
-def _medians(plan: NetworkPlan, w: Any, w0: np.ndarray) -> dict[str, float]:
-    """Median cosine of each unit's filter to its initial one, and the median norm, over the group."""
-    comm = plan.grid.comm
+def _gathered(comm: Any, *per_unit: np.ndarray) -> list[np.ndarray]:
+    """Each array of per-unit numbers from every rank of the group (small next to the weights)."""
+    every = comm.allgather([np.ravel(v) for v in per_unit])
+    return [np.concatenate([e[i] for e in every]) for i in range(len(per_unit))]
+
+
+def _median(v: np.ndarray) -> float:
+    return float(np.median(v)) if v.size else float("nan")
+
+
+def median_norm(plan: NetworkPlan, w: Any) -> float:
+    """The median over the group's units of their filter norms (collective)."""
+    (norms,) = _gathered(plan.grid.comm, unit_norms(backend.to_numpy(w)))
+    return _median(norms)
+
+
+def log_stats(plan: NetworkPlan, w: Any, w0: np.ndarray) -> dict[str, float]:
+    """The cheap numbers of a log line: the median cosine of each unit's filter to its initial one, and
+    the median norm (collective)."""
     w = backend.to_numpy(w)
-    cos, norms = cosines(w, w0).reshape(-1), unit_norms(w).reshape(-1)
-    every = comm.allgather((cos, norms))  # a few numbers per unit: small next to the weights
-    cos, norms = (np.concatenate([e[i] for e in every]) for i in (0, 1))
-    return {"cosine_to_init": float(np.median(cos)) if cos.size else float("nan"),
-            "median_norm": float(np.median(norms)) if norms.size else float("nan")}
+    cos, norms = _gathered(plan.grid.comm, cosines(w, w0), unit_norms(w))
+    return {"cosine_to_init": _median(cos), "median_norm": _median(norms)}
 
 
-def log_stats(plan: NetworkPlan, li: int, w: Any, w0: np.ndarray) -> dict[str, float]:
-    """The cheap numbers of a log line: cosine to init and norms."""
-    return _medians(plan, w, w0)
+#: The keys of :func:`stage_stats` (those of the Gabor fit and their twins for the first stage only).
+STAGE_KEYS = ("cosine_to_init", "median_norm", "gabor_fraction", "oriented_fraction", "median_gabor_r2",
+              "random_gabor_fraction", "random_oriented_fraction", "random_median_gabor_r2")
 
 
-def _gabor(plan: NetworkPlan, li: int, w: Any, w0: np.ndarray) -> dict[str, float]:
+def _gabor(plan: NetworkPlan, li: int, w: np.ndarray, w0: np.ndarray) -> dict[str, float]:
+    """Gabor fits of a sample of units, with the median cosine to init and norm of all of them."""
     lp = plan.layers[li]
     shape, _ = plan.weight_box(li)
-    s = stage_filter_stats(plan.grid.comm, backend.to_numpy(w), w0, lp.sites.lo, shape[:2], sample=GABOR_SAMPLE,
-                           seed=0)
-    return {"gabor_fraction": s["gabor_fraction"], "oriented_fraction": s["oriented_fraction"],
+    s = stage_filter_stats(plan.grid.comm, w, w0, lp.sites.lo, shape[:2], sample=GABOR_SAMPLE, seed=0)
+    return {"cosine_to_init": s["median_cosine_to_init"], "median_norm": s["median_norm"],
+            "gabor_fraction": s["gabor_fraction"], "oriented_fraction": s["oriented_fraction"],
             "median_gabor_r2": s["median_r2"]}
 
 
 def stage_stats(plan: NetworkPlan, li: int, w: Any, w0: np.ndarray) -> dict[str, float]:
-    """The end-of-stage numbers, trained and (``random_*``) initial weights side by side.
+    """The end-of-stage numbers (:data:`STAGE_KEYS`), trained and (``random_*``) initial weights side by side.
 
     Gabor fits only for the first stage (filters on pixels, at least 3x3: what
     "Gabor-like" means).
     """
-    out: dict[str, float] = dict(_medians(plan, w, w0))
+    w = backend.to_numpy(w)
     lp = plan.layers[li]
-    if li == plan.network.filter_layers()[0] and min(lp.layer.size) >= 3:
-        out.update(_gabor(plan, li, w, w0))
-        out.update({f"random_{k}": v for k, v in _gabor(plan, li, w0, w0).items()})
+    if not (li == plan.network.filter_layers()[0] and min(lp.layer.size) >= 3):
+        return log_stats(plan, w, w0)
+    out = _gabor(plan, li, w, w0)
+    random = _gabor(plan, li, w0, w0)
+    out.update({f"random_{k}": random[k] for k in ("gabor_fraction", "oriented_fraction", "median_gabor_r2")})
     return out

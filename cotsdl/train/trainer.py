@@ -297,26 +297,24 @@ class GreedyTrainer:
             records.append(rec)
             self.history.append(rec)
             window.append(rec)
-            if self.log_every and (self.stage_step % self.log_every == 0 or _ == int(steps) - 1
+            last = _ == int(steps) - 1  # this call's last step: the stage's filter diagnostics
+            if last:
+                rec.update(self._finish_stage(stage), filter_stats=True)
+            if self.log_every and (self.stage_step % self.log_every == 0 or last
                                    or self.stage_step == 1):  # a stage's first loss, to compare with
                 good = [r for r in window if not r["skipped"]] or window
                 for key in ("loss", "reconstruction", "sparsity", "recon_rel", "pooled"):  # one minibatch is noisy
                     rec[f"{key}_mean"] = float(np.mean([r[key] for r in good]))
                 rec["mean_over"] = len(good)
                 li = self.filter_layers[stage]
-                rec.update(monitor.log_stats(self.plan, li, self.params[li], self._initial(stage)))
+                if not last:  # (the diagnostics above hold these)
+                    rec.update(monitor.log_stats(self.plan, self.params[li], self._initial(stage)))
                 if not self.tied:  # the decoder may grow where the encoder shrinks: watch both
-                    rec["decoder_median_norm"] = monitor.log_stats(self.plan, li, self.decoders[li],
-                                                                   self._initial(stage))["median_norm"]
-                if _ == int(steps) - 1:  # this call's last step: the stage's filter diagnostics too
-                    rec.update(self._finish_stage(stage), filter_stats=True)
+                    rec["decoder_median_norm"] = monitor.median_norm(self.plan, self.decoders[li])
                 window = []
                 self._report(rec)
-            else:
-                if _ == int(steps) - 1:  # not logged (log_every 0): the diagnostics still go into stage_stats
-                    rec.update(self._finish_stage(stage))
-                if self._is_root and hasattr(self._log, "isatty") and self._log.isatty():
-                    print(f"\rstage {stage} step {self.stage_step} loss {rec['loss']:.4g}", end="", file=self._log)
+            elif self._is_root and hasattr(self._log, "isatty") and self._log.isatty():
+                print(f"\rstage {stage} step {self.stage_step} loss {rec['loss']:.4g}", end="", file=self._log)
             if self.checkpoint_dir and self.checkpoint_every and self.step % self.checkpoint_every == 0:
                 if self.bad_in_row:
                     self._say(f"checkpoint at step {self.step} skipped: the last step was not finite")
