@@ -119,49 +119,37 @@ def _emulator(args) -> int:
 
 
 def _scaling(args) -> int:
-    import numpy as np  # noqa: PLC0415
     from mpi4py import MPI  # noqa: PLC0415
 
     from ..array.collective import agree, raise_collectively  # noqa: PLC0415
     from ..bench import common, scaling  # noqa: PLC0415
-    from ..nn.network import Network  # noqa: PLC0415
-    from . import config as cfgmod  # noqa: PLC0415
-    from .train import _setup_backend, make_optimizer  # noqa: PLC0415
+    from . import run as run_spec  # noqa: PLC0415
+    from .train import setup_backend  # noqa: PLC0415
 
     comm = MPI.COMM_WORLD  # the program's world: the library itself always takes a communicator
     agree(comm, config=args.config, steps=args.steps, warmup=args.warmup, stage=args.stage, grid=args.grid,
           replicas=args.replicas, overlap=args.overlap, machine=args.machine, json=args.json)
-    cfg, err = None, None
-    if comm.Get_rank() == 0:
-        try:
-            cfg = cfgmod.load(args.config)
-            network = Network.from_description(cfg["network"])
-            make_optimizer(cfg["train"]["optimizer"], cfg["train"]["schedule"])
-            err = common.check_output_path(args.json)
-            if err is None and not (args.steps >= 1 and args.warmup >= 0 and args.replicas >= 1):
-                err = f"need --steps >= 1, --warmup >= 0, --replicas >= 1; got {args.steps}, {args.warmup}, {args.replicas}"
-            elif err is None and not 0 <= args.stage < len(network.stages):
-                err = f"--stage must be in [0, {len(network.stages)}) for {args.config}, got {args.stage}"
-        except (cfgmod.ConfigError, ValueError) as e:
-            err = f"{args.config}: {e}" if not str(e).startswith(str(args.config)) else str(e)
-    cfg, err = comm.bcast((cfg, err))
+    spec = run_spec.read_agreed(comm, args.config)
+    network, tc = spec.network, spec.train
+    err = common.check_output_path(args.json) if comm.Get_rank() == 0 else None
+    if err is None and not (args.steps >= 1 and args.warmup >= 0 and args.replicas >= 1):
+        err = f"need --steps >= 1, --warmup >= 0, --replicas >= 1; got {args.steps}, {args.warmup}, {args.replicas}"
+    elif err is None and not 0 <= args.stage < len(network.stages):
+        err = f"--stage must be in [0, {len(network.stages)}) for {args.config}, got {args.stage}"
     raise_collectively(comm, err)
-    network = Network.from_description(cfg["network"])
-    tc = cfg["train"]
-    _setup_backend(cfg, comm)
+    setup_backend(spec, comm)
     predict, err = None, None
     if args.machine:
         try:
-            predict = _predictor(network, cfg, args.machine, args.stage)
+            predict = _predictor(spec, args.machine, args.stage)
         except ValueError as e:  # every rank reads the same file: one agreed message
             err = str(e)
     raise_collectively(comm, err)
-    batch = cfg["data"]["batch"] * cfg["parallel"]["replicas"]
-    res = scaling.run(comm, network, lambda: make_optimizer(tc["optimizer"], tc["schedule"]), batch=batch,
+    res = scaling.run(comm, network, tc.make_optimizer, batch=spec.global_batch,
                       stage=args.stage, steps=args.steps, warmup=args.warmup, replicas=args.replicas,
                       grid=tuple(args.grid) if args.grid else None,
                       overlaps={"on": (True,), "off": (False,), "both": (True, False)}[args.overlap],
-                      predict=predict, lam=tc["lam"], tied=tc["tied"], seed=tc["seed"], dtype=np.dtype(tc["dtype"]))
+                      predict=predict, lam=tc.lam, tied=tc.tied, seed=tc.seed, dtype=tc.dtype)
     res["config"], res["machine"] = str(args.config), args.machine
     if args.json and comm.Get_rank() == 0:
         common.write_json(args.json, res)
@@ -169,20 +157,19 @@ def _scaling(args) -> int:
     return 0
 
 
-def _predictor(network, cfg, machine_arg: str, stage: int):
+def _predictor(spec, machine_arg: str, stage: int):
     """The planner's step-time prediction for a setting, as ``scaling.run`` asks for it."""
     try:
         from .. import planner  # noqa: PLC0415
     except ImportError as e:  # pragma: no cover - the planner ships with the package
         raise ValueError(f"--machine needs the run planner (cotsdl.planner), which does not import: {e}") from None
     machine = planner.load_machine(machine_arg)
-    slots = planner.optimizer_slots(cfg["train"]["optimizer"])
 
     def predict(p, replicas, dims, overlap):
-        return planner.predict_step(network, cfg["data"]["batch"] * cfg["parallel"]["replicas"] // replicas, p,
-                                    dims, replicas, machine, stage=stage, dtype=cfg["train"]["dtype"],
-                                    optimizer_slots=slots, ranks_per_node=p, tied=cfg["train"]["tied"],
-                                    overlap=overlap)["seconds"]
+        return planner.predict_step(spec.network, spec.global_batch // replicas, p, dims, replicas, machine,
+                                    stage=stage, dtype=spec.train.dtype.name,
+                                    optimizer_slots=spec.train.optimizer_slots, ranks_per_node=p,
+                                    tied=spec.train.tied, overlap=overlap)["seconds"]
     return predict
 
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-REQUIRED = object()
+from ..checks import REQUIRED, Param
+from ..train import optim, schedules
 
 
 class ConfigError(ValueError):
@@ -121,33 +122,20 @@ STAGE = {
             "eps": Key(number(0), 1e-4, "floor of the divisor")},
 }
 
-OPTIMIZER_KEYS: dict[str, dict[str, Key]] = {
-    "sgd": {"momentum": Key(number(0, hi=1, hi_open=True), 0.0), "nesterov": Key(boolean, False)},
-    "momentum": {"momentum": Key(number(0, hi=1, hi_open=True), 0.9)},
-    "nesterov": {"momentum": Key(number(0, lo_open=True, hi=1, hi_open=True), 0.9)},
-    "adagrad": {"eps": Key(number(0, lo_open=True), 1e-10)},
-    "rmsprop": {"rho": Key(number(0, hi=1, hi_open=True), 0.9), "eps": Key(number(0, lo_open=True), 1e-8)},
-    "adam": {"beta1": Key(number(0, hi=1, hi_open=True), 0.9), "beta2": Key(number(0, hi=1, hi_open=True), 0.999),
-             "eps": Key(number(0, lo_open=True), 1e-8)},
-    "lars": {"momentum": Key(number(0, hi=1, hi_open=True), 0.9), "eta": Key(number(0, lo_open=True), 0.001)},
-    "lamb": {"beta1": Key(number(0, hi=1, hi_open=True), 0.9), "beta2": Key(number(0, hi=1, hi_open=True), 0.999),
-             "eps": Key(number(0, lo_open=True), 1e-6)},
-}
-OPTIMIZER_COMMON = {"kind": Key(choice(*OPTIMIZER_KEYS), "momentum", "the paper's: momentum"),
-                    "lr": Key(number(0, lo_open=True), 0.01, "learning rate (the schedule's peak)"),
-                    "weight_decay": Key(number(0), 0.0),
-                    "clip_norm": Key(number(0, lo_open=True), None, "clip the gradient's global norm")}
+def _key(p: Param) -> Key:
+    """A config key from a hyper-parameter's one definition (``checks.Param``)."""
+    return Key(p.problem, p.default, p.doc)
 
-SCHEDULE_KEYS: dict[str, dict[str, Key]] = {
-    "constant": {},
-    "step": {"step_size": Key(integer(1)), "gamma": Key(number(0, lo_open=True), 0.1)},
-    "polynomial": {"total_steps": Key(integer(1)), "power": Key(number(0, lo_open=True), 1.0),
-                   "end_lr": Key(number(0), 0.0)},
-    "cosine": {"total_steps": Key(integer(1)), "min_lr": Key(number(0), 0.0)},
-}
+
+# The optimizer and schedule keys come from their registries (train.optim, train.schedules).
+OPTIMIZER_KEYS: dict[str, dict[str, Key]] = {name: {k: _key(p) for k, p in keys.items()}
+                                             for name, (_, keys) in optim.OPTIMIZERS.items()}
+OPTIMIZER_COMMON = {"kind": Key(choice(*OPTIMIZER_KEYS), "momentum", "the paper's: momentum"),
+                    **{k: _key(p) for k, p in optim.COMMON.items()}}
+SCHEDULE_KEYS: dict[str, dict[str, Key]] = {name: {k: _key(p) for k, p in keys.items()}
+                                            for name, (_, keys) in schedules.SCHEDULES.items()}
 SCHEDULE_COMMON = {"kind": Key(choice(*SCHEDULE_KEYS), "constant"),
-                   "warmup_steps": Key(integer(0), 0, "linear warmup (0: none)"),
-                   "start_factor": Key(number(0, hi=1), 0.0, "warmup starts at start_factor * lr")}
+                   **{k: _key(p) for k, p in schedules.COMMON.items()}}
 
 SCHEMA: dict[str, Any] = {
     "data": {"file": Key(string, doc="HDF5 dataset (relative paths: to the working directory)"),

@@ -2,13 +2,13 @@
 figures and a report in the run folder."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from . import config as cfgmod
 
 
 def add_parser(sub) -> None:
@@ -34,12 +34,15 @@ def add_parser(sub) -> None:
 
 
 def _load_run(run: Path) -> tuple[dict[str, Any], Path, dict[str, Any]]:
-    """(resolved config, latest checkpoint, its metadata) of a run folder, or ValueError."""
+    """(resolved config, latest checkpoint, its metadata) of a run folder, or ValueError (the config
+    is checked as ``cli.run`` builds it)."""
+    from . import run as run_spec  # noqa: PLC0415
+
     from ..io import checkpoint  # noqa: PLC0415
 
     if not (run / "config.toml").is_file():
         raise ValueError(f"{run} is not a run folder of cotsdl train (no config.toml)")
-    cfg = cfgmod.load(run / "config.toml")
+    cfg = run_spec.read(run / "config.toml").config
     ckpt, skipped = checkpoint.latest_verified(run / "checkpoints")
     if ckpt is None:
         raise ValueError(f"{run} has no complete checkpoint" + (f" that verifies ({'; '.join(skipped)})" if skipped
@@ -51,9 +54,10 @@ def _load_run(run: Path) -> tuple[dict[str, Any], Path, dict[str, Any]]:
 
 def _input_settings(cfg: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
     """What a run's network took as input: preprocessing and the input LCN it was trained with."""
-    from .train import input_lcn  # noqa: PLC0415
+    from .run import from_config  # noqa: PLC0415
 
-    saved = (meta.get("data") or {}).get("input_lcn", input_lcn(cfg["data"]))  # older checkpoints: the config
+    configured = from_config(cfg, "config.toml").data.input_lcn
+    saved = (meta.get("data") or {}).get("input_lcn", configured)  # older checkpoints: the config
     return {"preprocess": cfg["data"]["preprocess"], "std_floor": cfg["data"]["std_floor"], "input_lcn": saved}
 
 
@@ -91,7 +95,8 @@ def run(args) -> int:
     from ..evaluate import experiment, responses, stages  # noqa: PLC0415
     from ..nn.network import Network  # noqa: PLC0415
     from ..nn.plan import NetworkPlan  # noqa: PLC0415
-    from .train import _setup_backend, open_dataset  # noqa: PLC0415
+    from . import run as run_spec  # noqa: PLC0415
+    from .train import open_dataset, setup_backend  # noqa: PLC0415
 
     comm = MPI.COMM_WORLD
     root = comm.Get_rank() == 0
@@ -125,13 +130,14 @@ def run(args) -> int:
         raise agreed(ValueError(err))
     cfg, ckpt, meta, control, dataset = loaded
     network = Network.from_description(meta["network"])
-    backend_name = _setup_backend(cfg, comm)
+    spec = run_spec.from_config(cfg, str(Path(args.run) / "config.toml"))
+    backend_name = setup_backend(spec, comm)
     lcn = _input_settings(cfg, meta)["input_lcn"]  # as the network was trained
-    dc = {**cfg["data"], "prefetch": False, "input_lcn": lcn or {"size": 0}}
+    dc = dataclasses.replace(spec.data, prefetch=False, input_lcn=lcn)
     source = open_dataset(comm, "--dataset", dataset, network.input_shape, None, dc, labels=True, shuffle=False)
     try:
         grid = ProcessGrid(comm, None, network.input_shape[:2])
-        plan = NetworkPlan(network, grid, min(dc["batch"], len(source)), meta["dtype"])
+        plan = NetworkPlan(network, grid, min(dc.batch, len(source)), meta["dtype"])
         subject = experiment.Subject("network", f"the trained network (checkpoint {Path(ckpt).name})", plan,
                                      responses.load_params(plan, ckpt, comm))
         controls = [experiment.Subject("random_weights", "the same network with its initial random weights", plan,

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import config as cfgmod
 
 
 def add_parser(sub) -> None:
@@ -47,15 +46,11 @@ def run(args) -> int:
     print(info.summary())
     problems = list(info.problems)
     if args.config:
-        cfg = cfgmod.load(args.config, args.set)
-        from ..nn.network import Network  # noqa: PLC0415
+        from . import run as run_spec  # noqa: PLC0415
 
-        try:
-            net = Network.from_description(cfg["network"])
-        except ValueError as e:
-            raise ValueError(f"{args.config}: network: {e}") from None
-        batch = cfg["data"]["batch"] * cfg["parallel"]["replicas"]
-        problems = dataset.check_for_network(info, net.input_shape, batch, cfg["data"]["preprocess"] != "none")
+        spec = run_spec.read(args.config, args.set)
+        problems = dataset.check_for_network(info, spec.network.input_shape, spec.global_batch,
+                                             spec.data.preprocess != "none")
     if args.scan and not info.problems:
         lines, bad = _scan(args.file)
         print("\n".join(lines))

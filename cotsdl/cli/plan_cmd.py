@@ -11,7 +11,6 @@ import argparse
 import json
 from typing import Any
 
-from . import config as cfgmod
 
 PAPER = ("The paper (Coates et al. 2013; seed 000): 4 GTX 680 per machine, FDR InfiniBand (56 Gb/s), MVAPICH2; "
          "block-local kernels exceed 1 TFLOP/s per GPU; 1B parameters on 3 machines (12 GPUs) in a couple of "
@@ -54,15 +53,9 @@ def _machines(args) -> list[dict[str, Any]]:
 
 
 def _load(path: str, overrides: list[str]):
-    from ..nn.network import Network  # noqa: PLC0415
-    from ..planner.model import optimizer_slots  # noqa: PLC0415
+    from . import run as run_spec  # noqa: PLC0415
 
-    cfg = cfgmod.load(path, overrides)
-    try:
-        net = Network.from_description(cfg["network"])
-    except ValueError as e:
-        raise ValueError(f"{path}: network: {e}") from None
-    return cfg, net, optimizer_slots(cfg["train"]["optimizer"])
+    return run_spec.read(path, overrides)
 
 
 def _check_args(args) -> None:
@@ -99,11 +92,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _layout(args, cfg) -> tuple[int, int, tuple[int, int] | None]:
+def _layout(args, spec) -> tuple[int, int, tuple[int, int] | None]:
     """(ranks, replicas, grid or None) from the options and the config."""
-    reps = args.replicas or cfg["parallel"]["replicas"]
-    grid = tuple(args.grid) if args.grid else (tuple(cfg["parallel"]["grid"]) if cfg["parallel"]["grid"] != "auto"
-                                               else None)
+    reps = args.replicas or spec.parallel.replicas
+    grid = tuple(args.grid) if args.grid else spec.parallel.grid
     ranks = args.ranks[0] if args.ranks else (grid[0] * grid[1] * reps if grid else reps)
     if ranks % reps:
         raise ValueError(f"--ranks {ranks} is not a multiple of the replicas {reps}")
@@ -121,8 +113,8 @@ def _stages(args, net) -> list[int]:
     return [args.stage]
 
 
-def _overlap(args, cfg) -> bool:
-    return args.overlap == "on" if args.overlap else bool(cfg["parallel"].get("overlap", False))
+def _overlap(args, spec) -> bool:
+    return args.overlap == "on" if args.overlap else spec.parallel.overlap
 
 
 def _mib(b: float) -> str:
@@ -133,17 +125,18 @@ def _single(args, machine) -> dict[str, Any]:
     from ..planner import fit_error, predict_step, suggest  # noqa: PLC0415
 
     path = args.config[0]
-    cfg, net, slots = _load(path, args.set)
-    ranks, reps, grid = _layout(args, cfg)
-    batch, tied, dtype = cfg["data"]["batch"], cfg["train"]["tied"], cfg["train"]["dtype"]
+    spec = _load(path, args.set)
+    net, slots = spec.network, spec.train.optimizer_slots
+    ranks, reps, grid = _layout(args, spec)
+    batch, tied, dtype = spec.data.batch, spec.train.tied, spec.train.dtype.name
     kw = dict(dtype=dtype, optimizer_slots=slots, ranks_per_node=args.ranks_per_node, tied=tied,
-              overlap=_overlap(args, cfg))
+              overlap=_overlap(args, spec))
     stages = _stages(args, net)
     preds = [predict_step(net, batch, ranks, grid, reps, machine, stage=k, **kw) for k in stages]
     p0 = preds[0]
     print(f"plan: {path}: {net!r}")
     print(f"  {ranks} rank(s) = {reps} replica(s) x grid {p0['grid'][0]}x{p0['grid'][1]}; batch {batch} per replica; "
-          f"{dtype}; {'tied' if tied else 'untied'} weights; optimizer {cfg['train']['optimizer']['kind']} "
+          f"{dtype}; {'tied' if tied else 'untied'} weights; optimizer {spec.train.optimizer['kind']} "
           f"({slots} slot(s)); {p0['ranks_per_node']} rank(s) per node; overlap {'on' if p0['overlap'] else 'off'}")
     print(f"  machine {machine['name']} ({machine['kind']}): {machine['source']}")
     print(f"\n  {'layer':<9}{'out shape (H,W,C)':>20}{'params':>15}{'params/rank':>14}{'weights MiB/rank':>18}")
@@ -196,16 +189,17 @@ def _table(args, machines) -> dict[str, Any]:
     print("predicted time of one training step of each stage (summed), memory per rank (largest stage), "
           "share of the step spent in halo exchange; the best model grid of the GPUs, 1 replica unless --replicas")
     print(hdr)
-    loaded = [(path,) + _load(path, args.set) for path in args.config]
-    loaded.sort(key=lambda t: sum(lay.params for lay in _counts(t[2])))  # smallest network first
-    for path, cfg, net, slots in loaded:
-        batch, tied, dtype = cfg["data"]["batch"], cfg["train"]["tied"], cfg["train"]["dtype"]
+    loaded = [(path, _load(path, args.set)) for path in args.config]
+    loaded.sort(key=lambda t: sum(lay.params for lay in _counts(t[1].network)))  # smallest network first
+    for path, spec in loaded:
+        net, slots = spec.network, spec.train.optimizer_slots
+        batch, tied, dtype = spec.data.batch, spec.train.tied, spec.train.dtype.name
         params = sum(lay.params for lay in _counts(net))
         for ranks in ranks_list:
             line = f"{path.rsplit('/', 1)[-1].removesuffix('.toml'):<22}{_short(params):>8}{ranks:>6}"
             for m in machines:
                 kw = dict(dtype=dtype, optimizer_slots=slots, ranks_per_node=args.ranks_per_node, tied=tied,
-                          overlap=_overlap(args, cfg))
+                          overlap=_overlap(args, spec))
                 reps = args.replicas or 1
                 if ranks % reps:
                     raise ValueError(f"--ranks {ranks} is not a multiple of --replicas {reps}")

@@ -16,6 +16,8 @@ from typing import Any
 
 from ..io.atomic import write_atomic
 from . import config as cfgmod
+from . import run as run_spec
+from .run import DataSpec, RunSpec
 from .signals import EXIT_REQUEUE, PreemptionGuard
 
 def add_parser(sub) -> None:
@@ -63,30 +65,17 @@ def _diff(old: Any, new: Any, path: str = "") -> list[str]:
     return [] if old == new else [f"{path}: {json.dumps(old)} -> {json.dumps(new)}"]
 
 
-def make_optimizer(opt: dict[str, Any], sched: dict[str, Any]):
-    """The optimizer (with its schedule) a resolved config's ``train.optimizer``/``train.schedule`` name."""
-    from ..train import optim, schedules  # noqa: PLC0415
-
-    kind = sched["kind"]
-    extra = {k: v for k, v in sched.items() if k not in ("kind", "warmup_steps", "start_factor")}
-    lr = {"constant": lambda: opt["lr"], "step": lambda: schedules.StepDecay(opt["lr"], **extra),
-          "polynomial": lambda: schedules.Polynomial(opt["lr"], **extra),
-          "cosine": lambda: schedules.Cosine(opt["lr"], **extra)}[kind]()
-    if sched["warmup_steps"]:
-        lr = schedules.Warmup(lr, sched["warmup_steps"], sched["start_factor"])
-    kw = {k: v for k, v in opt.items() if k not in ("kind", "lr")}
-    cls = {"sgd": optim.SGD, "momentum": optim.Momentum, "nesterov": optim.Nesterov, "adagrad": optim.AdaGrad,
-           "rmsprop": optim.RMSProp, "adam": optim.Adam, "lars": optim.LARS, "lamb": optim.LAMB}[opt["kind"]]
-    return cls(lr, **kw)
+#: Settings the trainer compares with the checkpoint on resume (and logs, once each).
+RESUME_KEYS = ("train.lam:", "train.filter_norm:", "train.optimizer.", "train.schedule.")
 
 
-def _setup_backend(cfg: dict[str, Any], comm) -> str:
+def setup_backend(spec: RunSpec, comm) -> str:
     from .. import backend, ops  # noqa: PLC0415
     from ..array.collective import raise_collectively  # noqa: PLC0415
     from ..array.grid import node_local_size, use_node_local_gpu  # noqa: PLC0415
 
-    if cfg["run"]["backend"] != "auto":
-        backend.use(cfg["run"]["backend"])
+    if spec.backend != "auto":
+        backend.use(spec.backend)
     name = backend.name()
     if name == "cuda":
         err = None
@@ -96,17 +85,18 @@ def _setup_backend(cfg: dict[str, Any], comm) -> str:
             err = f"run.backend = \"cuda\": {e}"
         raise_collectively(comm, err)
         use_node_local_gpu(comm)
-    threads = cfg["run"]["threads"]
+    threads = spec.threads
     if not threads:  # share the node's cores among its ranks (oversubscribed BLAS is many times slower)
         threads = max(1, ops.available_cores() // node_local_size(comm))
     ops.set_num_threads(threads)
     return name
 
 
-def _inspect_run(folder: Path, cfg: dict[str, Any], network_desc: dict[str, Any]) -> tuple[str | None, dict | None]:
+def _inspect_run(spec: RunSpec) -> tuple[str | None, dict | None]:
     """(error, saved checkpoint meta) of an existing run folder; rank 0 only."""
     from ..io import checkpoint  # noqa: PLC0415
 
+    folder = spec.folder
     if folder.exists() and not folder.is_dir():
         return f"run.folder {folder} exists and is not a folder", None
     if not folder.exists():
@@ -125,20 +115,14 @@ def _inspect_run(folder: Path, cfg: dict[str, Any], network_desc: dict[str, Any]
     # what defines the model cannot change within a run (lam, the optimizer's settings, steps can)
     saved = {"network": meta["network"], "train": {"tied": meta["tied"], "dtype": meta["dtype"]},
              "data": {"input_lcn": (meta.get("data") or {}).get("input_lcn")}}
-    given = {"network": network_desc, "train": {"tied": cfg["train"]["tied"], "dtype": cfg["train"]["dtype"]},
-             "data": {"input_lcn": input_lcn(cfg["data"])}}
+    given = {"network": spec.network.describe(), "train": {"tied": spec.train.tied, "dtype": spec.train.dtype.name},
+             "data": {"input_lcn": spec.data.input_lcn}}
     diff = _diff(saved, given)
     if diff:
         return (f"the config's model differs from the one trained in {folder} (checkpoint {latest.name}):\n  "
                 + "\n  ".join(diff) + "\nuse a new run.folder, or undo the change to resume"), None
     meta["_path"] = str(latest)
     return None, meta
-
-
-def input_lcn(dc: dict[str, Any]) -> dict[str, Any] | None:
-    """``data.input_lcn`` of a validated config as the trainer records it (None: off)."""
-    lcn = dc.get("input_lcn") or {}
-    return {"size": int(lcn["size"]), "sigma": float(lcn["sigma"]), "eps": float(lcn["eps"])} if lcn.get("size") else None
 
 
 def _summary(folder: Path, nstages: int, wall: float, history: list[dict]) -> dict[str, Any]:
@@ -220,49 +204,26 @@ def run(args) -> int:
 def _run(args, guard: PreemptionGuard) -> int:
     from mpi4py import MPI  # noqa: PLC0415
 
-    from ..nn.network import Network  # noqa: PLC0415
-
     comm = MPI.COMM_WORLD  # the program's world; the library takes it as an argument
-    root = comm.Get_rank() == 0
     t_start = time.perf_counter()
-    cfg, err = None, None
-    if root:  # one reading of the file, broadcast: every rank trains the same config
-        try:
-            cfg = cfgmod.load(args.config, args.set)
-        except cfgmod.ConfigError as e:
-            err = str(e)
-    cfg, err = comm.bcast((cfg, err))
-    _agreed(err)
-    source = args.config
-    dc, tc, pc = cfg["data"], cfg["train"], cfg["parallel"]
-    # Everything the config alone decides is checked before any file is touched (the
-    # same config on every rank gives the same verdict).
-    try:
-        network = Network.from_description(cfg["network"])
-    except ValueError as e:
-        _agreed(f"{source}: network: {e}")
-    try:
-        optimizer = make_optimizer(tc["optimizer"], tc["schedule"])
-    except ValueError as e:
-        _agreed(f"{source}: train.optimizer / train.schedule: {e}")
-    _agreed(_layout_error(pc, comm.Get_size(), source))
-    backend_name = _setup_backend(cfg, comm)
-    folder = Path(cfg["run"]["folder"])
+    # Everything the config alone decides is checked before any file is touched (one
+    # reading on rank 0, broadcast: every rank trains the same config).
+    spec = run_spec.read_agreed(comm, args.config, args.set)
+    _agreed(spec.parallel.error(comm.Get_size(), spec.source))
+    backend_name = setup_backend(spec, comm)
     meta, err = None, None
-    if root:
-        err, meta = _inspect_run(folder, cfg, network.describe())
+    if comm.Get_rank() == 0:
+        err, meta = _inspect_run(spec)
     meta, err = comm.bcast((meta, err))
     _agreed(err)
-
-    global_batch = dc["batch"] * pc["replicas"]
-    data = open_dataset(comm, "data.file", dc["file"], network.input_shape, global_batch, dc)
+    data = open_dataset(comm, "data.file", spec.data.file, spec.network.input_shape, spec.global_batch, spec.data)
     try:
-        return _train(cfg, source, network, optimizer, data, meta, backend_name, guard, comm, t_start)
+        return _train(spec, data, meta, backend_name, guard, comm, t_start)
     finally:
         data.close()
 
 
-def open_dataset(comm, what: str, path, input_shape, batch: int | None, dc: dict[str, Any], labels: bool = False,
+def open_dataset(comm, what: str, path, input_shape, batch: int | None, dc: DataSpec, labels: bool = False,
                  shuffle: bool | None = None):
     """Every rank opens the dataset and checks it against the network; one collective verdict."""
     from ..array.collective import raise_collectively  # noqa: PLC0415
@@ -271,9 +232,9 @@ def open_dataset(comm, what: str, path, input_shape, batch: int | None, dc: dict
 
     data, err = None, None
     try:
-        data = HDF5Source(path, seed=dc["seed"], shuffle=dc["shuffle"] if shuffle is None else shuffle,
-                          preprocess=dc["preprocess"], std_floor=dc["std_floor"], prefetch=dc["prefetch"])
-        lcn = input_lcn(dc)
+        data = HDF5Source(path, seed=dc.seed, shuffle=dc.shuffle if shuffle is None else shuffle,
+                          preprocess=dc.preprocess, std_floor=dc.std_floor, prefetch=dc.prefetch)
+        lcn = dc.input_lcn
         if lcn:  # whitening: the network sees locally contrast-normalized images
             from ..io.input_lcn import InputLCN  # noqa: PLC0415
 
@@ -291,33 +252,22 @@ def open_dataset(comm, what: str, path, input_shape, batch: int | None, dc: dict
     return data
 
 
-def _layout_error(pc: dict[str, Any], ranks: int, source: str) -> str | None:
-    replicas, grid = pc["replicas"], pc["grid"]
-    if ranks % replicas:
-        return f"{source}: parallel.replicas = {replicas} does not divide the {ranks} rank(s) of this run"
-    if grid != "auto" and grid[0] * grid[1] * replicas != ranks:
-        return (f"{source}: parallel.grid = {grid} with parallel.replicas = {replicas} needs "
-                f"{grid[0] * grid[1] * replicas} rank(s), this run has {ranks}")
-    return None
-
-
-def _train(cfg, source, network, optimizer, data, meta, backend_name, guard, comm, t_start) -> int:
+def _train(spec: RunSpec, data, meta, backend_name, guard, comm, t_start) -> int:
     from mpi4py import MPI  # noqa: PLC0415
-    import numpy as np  # noqa: PLC0415
 
     from ..array.collective import raise_collectively  # noqa: PLC0415
     from ..train import GreedyTrainer, TrainingInterrupted  # noqa: PLC0415
 
     root = comm.Get_rank() == 0
-    dc, tc, pc = cfg["data"], cfg["train"], cfg["parallel"]
-    folder = Path(cfg["run"]["folder"])
+    dc, tc, pc, network, source = spec.data, spec.train, spec.parallel, spec.network, spec.source
+    folder = spec.folder
     ckdir = folder / "checkpoints"
-    global_batch = dc["batch"] * pc["replicas"]
-    if tc["steps"] is not None:
-        steps = list(tc["steps"])
+    global_batch = spec.global_batch
+    if tc.steps is not None:
+        steps = list(tc.steps)
     else:  # a resumed run keeps counting steps of the batch it started with
         gb = meta["batch"] * meta["replicas"] if meta else global_batch
-        steps = [int(math.ceil(e * len(data) / gb)) for e in tc["epochs"]]
+        steps = [int(math.ceil(e * len(data) / gb)) for e in tc.epochs]
     last = len(network.stages) - 1
     if meta is not None and meta["stage"] == last and meta["stage_step"] >= steps[last]:
         if root:
@@ -338,37 +288,36 @@ def _train(cfg, source, network, optimizer, data, meta, backend_name, guard, com
             old = (folder / "config.toml").read_text() if (folder / "config.toml").exists() else None
             _trim_metrics(folder / "metrics.jsonl", meta["step"] if meta else 0)
             header = f"resolved config of the run in {folder} (from {source}); written by cotsdl train"
-            write_atomic(folder / "config.toml", cfgmod.dumps(cfg, header))
+            write_atomic(folder / "config.toml", cfgmod.dumps(spec.config, header))
             log = _Tee(folder / "log.txt")
         except OSError as e:
             err = f"run.folder {folder}: cannot write: {e.strerror or e}"
     raise_collectively(comm, err)
     say = (lambda m: print(m, file=log, flush=True)) if root else (lambda m: None)
-    common = dict(checkpoint_every=tc["checkpoint_every"], keep=tc["keep"], log_every=tc["log_every"],
-                  metrics_file=str(folder / "metrics.jsonl"), max_bad_steps=tc["max_bad_steps"], log=log,
-                  should_stop=guard.requested, overlap=pc["overlap"])
-    grid = None if pc["grid"] == "auto" else tuple(pc["grid"])
-    say(f"cotsdl train {source}: {comm.Get_size()} rank(s), backend {backend_name}, data {dc['file']} "
+    common = dict(checkpoint_every=tc.checkpoint_every, keep=tc.keep, log_every=tc.log_every,
+                  metrics_file=str(folder / "metrics.jsonl"), max_bad_steps=tc.max_bad_steps, log=log,
+                  should_stop=guard.requested, overlap=pc.overlap)
+    grid = pc.grid
+    say(f"cotsdl train {source}: {comm.Get_size()} rank(s), backend {backend_name}, data {dc.file} "
         f"({len(data)} images {'x'.join(map(str, data.image_shape))}), global batch {global_batch}, "
         f"steps per stage {steps}, run folder {folder}")
     if root and meta is not None and old is not None:
         try:
-            changed = _diff(cfgmod.tomllib.loads(old), cfgmod.tomllib.loads(cfgmod.dumps(cfg)))
+            changed = _diff(cfgmod.tomllib.loads(old), cfgmod.tomllib.loads(cfgmod.dumps(spec.config)))
         except cfgmod.tomllib.TOMLDecodeError:  # a hand-edited file: the note is not worth failing for
             changed = ["(the previous config.toml is not valid TOML)"]
+        changed = [c for c in changed if not c.startswith(RESUME_KEYS)]  # the trainer reports those
         if changed:
-            say("note: the config differs from the run's previous one (the network does not); the new values "
-                "apply from here on:\n  " + "\n  ".join(changed))
+            say("the config differs from the run's previous config.toml; from here on:\n  " + "\n  ".join(changed))
     try:
         if meta is None:
-            tr = GreedyTrainer(network, data, optimizer, comm=comm, batch=dc["batch"], replicas=pc["replicas"],
-                               grid=grid, lam=tc["lam"], tied=tc["tied"], seed=tc["seed"],
-                               filter_norm=filter_norms(tc["filter_norm"]),
-                               dtype=np.dtype(tc["dtype"]), checkpoint_dir=str(ckdir), **common)
+            tr = GreedyTrainer(network, data, tc.make_optimizer(), comm=comm, batch=dc.batch, replicas=pc.replicas,
+                               grid=grid, lam=tc.lam, tied=tc.tied, seed=tc.seed, filter_norm=tc.filter_norm,
+                               dtype=tc.dtype, checkpoint_dir=str(ckdir), **common)
         else:
-            tr = GreedyTrainer.resume(str(ckdir), data, optimizer, comm=comm, batch=dc["batch"],
-                                      replicas=pc["replicas"], grid=grid, **common)
-            _apply_changes(tr, optimizer, tc["lam"])
+            tr = GreedyTrainer.resume(str(ckdir), data, tc.make_optimizer(), comm=comm, batch=dc.batch,
+                                      replicas=pc.replicas, grid=grid, lam=tc.lam, filter_norm=tc.filter_norm,
+                                      changes_from="config", **common)
         say(f"grid {tr.layout.grid.dims[0]}x{tr.layout.grid.dims[1]} x {tr.replicas} replica(s)")
         tr.train(steps)
     except TrainingInterrupted as e:
@@ -382,24 +331,6 @@ def _train(cfg, source, network, optimizer, data, meta, backend_name, guard, com
         _report(folder, network, tr, backend_name, comm.Get_size(), time.perf_counter() - t_start, say)
         log.close()
     return 0
-
-
-def filter_norms(value: list[Any]) -> list[float | None]:
-    """``train.filter_norm`` of a validated config (one entry per stage) for the trainer, None for "none"."""
-    return [None if v == "none" else v if v == "auto" else float(v) for v in value]
-
-
-def _apply_changes(tr, optimizer, lam: float) -> None:
-    """A resumed run trains on with the config's lam and learning-rate schedule and
-    hyper-parameters (the optimizer's state, its step count and the kind come from the checkpoint)."""
-    from ..train.schedules import describe  # noqa: PLC0415
-
-    tr.lam = float(lam)
-    if tr.optimizer is not None and type(tr.optimizer) is type(optimizer):
-        if (describe(tr.optimizer.schedule), tr.optimizer.hyper()) != (describe(optimizer.schedule), optimizer.hyper()):
-            tr.optimizer.schedule = optimizer.schedule
-            for k, v in optimizer.hyper().items():
-                setattr(tr.optimizer, k, v)
 
 
 def _report(folder: Path, network, tr, backend_name: str, ranks: int, wall: float, say) -> None:

@@ -18,17 +18,12 @@ from ..array.partition import grid_coords
 from ..nn.layout import layout
 from ..nn.network import Network
 
-#: Optimizer state slots per weight, by config ``train.optimizer.kind`` (the ``slots`` of the
-#: classes in cotsdl/train/optim.py, which imports MPI; a test checks the two agree).
-OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "nesterov": 1, "adagrad": 1, "rmsprop": 1, "adam": 2, "lars": 1,
-                   "lamb": 2}
-
-
 def optimizer_slots(opt: dict[str, Any]) -> int:
-    """Slots of a resolved ``train.optimizer`` config table (plain SGD without momentum: 0)."""
-    if opt["kind"] == "sgd":
-        return 1 if opt.get("momentum") else 0
-    return OPTIMIZER_SLOTS[opt["kind"]]
+    """Arrays of optimizer state per weight of a resolved ``train.optimizer`` config table (plain
+    SGD 0, momentum 1, Adam 2): the optimizer registry's own count."""
+    from ..train.optim import slot_count  # noqa: PLC0415 - the registry imports without MPI
+
+    return slot_count(opt)
 
 
 @dataclass

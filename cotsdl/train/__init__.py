@@ -1,9 +1,23 @@
-"""Training: the sparse-autoencoder objective, optimizers, data sources, the greedy trainer."""
-from . import schedules
-from .data import DataSource, InMemorySource
-from .objective import LossParts, StageObjective, sparse_ae_loss
-from .optim import LAMB, LARS, SGD, AdaGrad, Adam, Momentum, Nesterov, Optimizer, RMSProp
-from .trainer import GreedyTrainer, TrainingInterrupted
+"""Training: the sparse-autoencoder objective, optimizers, data sources, the greedy trainer.
 
-__all__ = ["sparse_ae_loss", "StageObjective", "LossParts", "DataSource", "InMemorySource", "GreedyTrainer", "TrainingInterrupted",
-           "Optimizer", "SGD", "Momentum", "Nesterov", "AdaGrad", "RMSProp", "Adam", "LARS", "LAMB", "schedules"]
+``optim`` and ``schedules`` (the registries a config reads) import without MPI; the
+rest is imported on first use, so that reading a config does not initialise MPI.
+"""
+from importlib import import_module
+
+from . import optim, schedules
+from .optim import LAMB, LARS, SGD, AdaGrad, Adam, Momentum, Nesterov, Optimizer, RMSProp
+
+__all__ = ["sparse_ae_loss", "StageObjective", "LossParts", "DataSource", "InMemorySource", "GreedyTrainer",
+           "TrainingInterrupted", "TrainState", "Optimizer", "SGD", "Momentum", "Nesterov", "AdaGrad", "RMSProp",
+           "Adam", "LARS", "LAMB", "optim", "schedules"]
+
+_LAZY = {"DataSource": "data", "InMemorySource": "data", "LossParts": "objective", "StageObjective": "objective",
+         "sparse_ae_loss": "objective", "GreedyTrainer": "trainer", "TrainingInterrupted": "trainer",
+         "TrainState": "state"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,14 +10,27 @@ the layers are split over ranks.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from mpi4py import MPI
 
 from .. import backend
-from ..array.collective import sum_values
+from ..checks import Param
 from . import schedules
+
+if TYPE_CHECKING:  # pragma: no cover - MPI is initialised only by the code that reduces
+    from mpi4py import MPI
+
+# Every hyper-parameter's range, written once: the constructors check with these and
+# config files derive their keys from :data:`OPTIMIZERS`.
+LR = Param(0.01, lo=0, lo_open=True, doc="learning rate (the schedule's peak)")
+WEIGHT_DECAY = Param(0.0, lo=0)
+CLIP_NORM = Param(None, lo=0, lo_open=True, doc="clip the gradient's global norm")
+MOMENTUM = Param(0.9, lo=0, hi=1, hi_open=True)
+NESTEROV = Param(False, kind="bool")
+BETA = Param(0.9, lo=0, hi=1, hi_open=True)
+EPS = Param(1e-8, lo=0, lo_open=True)
+ETA = Param(0.001, lo=0, lo_open=True, doc="LARS trust coefficient")
 
 
 class Optimizer:
@@ -26,20 +39,18 @@ class Optimizer:
     slots: tuple[str, ...] = ()
 
     def __init__(self, lr: Any = 0.01, weight_decay: float = 0.0, clip_norm: float | None = None,
-                 comm: MPI.Comm | None = None):
+                 comm: "MPI.Comm | None" = None):
         self.schedule = schedules.as_schedule(lr)
-        if not float(weight_decay) >= 0:
-            raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
-        if clip_norm is not None and not float(clip_norm) > 0:
-            raise ValueError(f"clip_norm must be > 0, got {clip_norm!r}")
-        self.weight_decay = float(weight_decay)
-        self.clip_norm = None if clip_norm is None else float(clip_norm)
+        self.weight_decay = WEIGHT_DECAY.check("weight_decay", weight_decay)
+        self.clip_norm = None if clip_norm is None else CLIP_NORM.check("clip_norm", clip_norm)
         self.comm = comm
         self.t = 0
         self.state: dict[str, dict[str, np.ndarray]] = {}
 
     # -- group reductions -------------------------------------------------------
     def _sum(self, values: list[float]) -> np.ndarray:
+        from ..array.collective import sum_values  # noqa: PLC0415 - MPI on first reduction only
+
         return sum_values(self.comm, values)
 
     def layer_norms(self, arrays: dict[str, np.ndarray]) -> dict[str, float]:
@@ -106,11 +117,9 @@ class SGD(Optimizer):
 
     def __init__(self, lr: Any = 0.01, momentum: float = 0.0, nesterov: bool = False, **kw):
         super().__init__(lr, **kw)
-        if not 0 <= float(momentum) < 1:
-            raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
-        if nesterov and not momentum:
+        self.momentum, self.nesterov = MOMENTUM.check("momentum", momentum), NESTEROV.check("nesterov", nesterov)
+        if self.nesterov and not self.momentum:
             raise ValueError("nesterov needs momentum > 0")
-        self.momentum, self.nesterov = float(momentum), bool(nesterov)
         self.slots = ("v",) if momentum else ()
 
     def hyper(self):
@@ -143,7 +152,7 @@ class AdaGrad(Optimizer):
 
     def __init__(self, lr: Any = 0.01, eps: float = 1e-10, **kw):
         super().__init__(lr, **kw)
-        self.eps = float(eps)
+        self.eps = EPS.check("eps", eps)
 
     def hyper(self):
         return {**super().hyper(), "eps": self.eps}
@@ -161,7 +170,7 @@ class RMSProp(Optimizer):
 
     def __init__(self, lr: Any = 0.001, rho: float = 0.9, eps: float = 1e-8, **kw):
         super().__init__(lr, **kw)
-        self.rho, self.eps = float(rho), float(eps)
+        self.rho, self.eps = BETA.check("rho", rho), EPS.check("eps", eps)
 
     def hyper(self):
         return {**super().hyper(), "rho": self.rho, "eps": self.eps}
@@ -180,7 +189,7 @@ class Adam(Optimizer):
 
     def __init__(self, lr: Any = 0.001, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8, **kw):
         super().__init__(lr, **kw)
-        self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
+        self.beta1, self.beta2, self.eps = BETA.check("beta1", beta1), BETA.check("beta2", beta2), EPS.check("eps", eps)
 
     def hyper(self):
         return {**super().hyper(), "beta1": self.beta1, "beta2": self.beta2, "eps": self.eps}
@@ -211,7 +220,7 @@ class LARS(Optimizer):
 
     def __init__(self, lr: Any = 0.1, momentum: float = 0.9, eta: float = 0.001, **kw):
         super().__init__(lr, **kw)
-        self.momentum, self.eta = float(momentum), float(eta)
+        self.momentum, self.eta = MOMENTUM.check("momentum", momentum), ETA.check("eta", eta)
 
     def hyper(self):
         return {**super().hyper(), "momentum": self.momentum, "eta": self.eta}
@@ -242,3 +251,56 @@ class LAMB(Adam):
         for name in sorted(params):
             trust = pn[name] / rn[name] if pn[name] > 0 and rn[name] > 0 else 1.0
             params[name] -= params[name].dtype.type(lr * trust) * ratios[name]
+
+
+# -- the registry: config names -> constructors and their keys -------------------------
+#: Keys every optimizer takes (``kind`` names the entry of :data:`OPTIMIZERS`).
+COMMON = {"lr": LR, "weight_decay": WEIGHT_DECAY, "clip_norm": CLIP_NORM}
+
+#: The optimizers a config can name: (constructor, its own keys).  The one list: config
+#: keys, errors, ``--help`` and the run planner's slot counts all come from here.
+OPTIMIZERS: dict[str, tuple[Any, dict[str, Param]]] = {
+    "sgd": (SGD, {"momentum": MOMENTUM.with_(default=0.0), "nesterov": NESTEROV}),
+    "momentum": (Momentum, {"momentum": MOMENTUM}),
+    "nesterov": (Nesterov, {"momentum": MOMENTUM.with_(lo_open=True)}),
+    "adagrad": (AdaGrad, {"eps": EPS.with_(default=1e-10)}),
+    "rmsprop": (RMSProp, {"rho": BETA, "eps": EPS}),
+    "adam": (Adam, {"beta1": BETA, "beta2": BETA.with_(default=0.999), "eps": EPS}),
+    "lars": (LARS, {"momentum": MOMENTUM, "eta": ETA}),
+    "lamb": (LAMB, {"beta1": BETA, "beta2": BETA.with_(default=0.999), "eps": EPS.with_(default=1e-6)}),
+}
+
+#: Saved optimizer states name their class: the classes a checkpoint may hold.
+CLASSES = {c.__name__: c for c in (SGD, AdaGrad, RMSProp, Adam, LARS, LAMB)}
+
+
+def from_config(opt: dict[str, Any], sched: dict[str, Any]) -> Optimizer:
+    """The optimizer (with its schedule) that a resolved config's ``train.optimizer`` and
+    ``train.schedule`` tables name."""
+    if opt.get("kind") not in OPTIMIZERS:
+        raise ValueError(f"optimizer kind must be one of {', '.join(OPTIMIZERS)}, got {opt.get('kind')!r}")
+    make, _ = OPTIMIZERS[opt["kind"]]
+    kw = {k: v for k, v in opt.items() if k not in ("kind", "lr")}
+    return make(schedules.from_config(opt["lr"], sched), **kw)
+
+
+def from_state(kind: str, hyper: dict[str, Any], schedule: dict[str, Any]) -> Optimizer:
+    """A fresh optimizer (step 0, no slots) of a saved state's class, hyper-parameters and schedule."""
+    if kind not in CLASSES:
+        raise ValueError(f"a saved optimizer of unknown kind {kind!r} (known: {', '.join(CLASSES)})")
+    return CLASSES[kind](schedules.from_description(schedule), **hyper)
+
+
+def settings(opt: Optimizer) -> dict[str, Any]:
+    """What a config sets of an optimizer, keyed as the config names it (``train.optimizer.lr``,
+    ``train.schedule.total_steps``): the values a resume compares and reports."""
+    lr, sched = schedules.to_config(opt.schedule)
+    return {"train.optimizer.lr": lr, **{f"train.optimizer.{k}": v for k, v in opt.hyper().items()},
+            **{f"train.schedule.{k}": v for k, v in sched.items()}}
+
+
+def slot_count(opt: dict[str, Any]) -> int:
+    """Arrays of state per parameter (momentum 1, Adam 2) of a config's ``train.optimizer``."""
+    make, keys = OPTIMIZERS[opt["kind"]]
+    kw = {k: opt.get(k, p.default) for k, p in keys.items()}
+    return len(make(opt.get("lr", LR.default), **kw).slots)

@@ -1,23 +1,20 @@
-"""The steps of continuing a run from a checkpoint (:meth:`GreedyTrainer.resume` composes them).
+"""The decisions of continuing a run (:meth:`GreedyTrainer.resume` composes them).
 
-Find the checkpoint that verifies, choose the layout on the ranks at hand, say which
-boxes of which arrays this rank needs, then restore weights, stream position and
-optimizer state.  Every step is collective over the ranks that resume.
+Which checkpoint, which layout on the ranks at hand, which optimizer and settings
+apply, and what changed.  Every step that can fail is collective over the ranks that
+resume; nothing here touches a trainer.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from mpi4py import MPI
 
-from ..array.box import Box
 from ..array.collective import raise_collectively
 from ..io import checkpoint
-from .schedules import describe as schedules_describe
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .trainer import GreedyTrainer
+from . import optim
 
 
 def optimizer_name(kind: str, hyper: dict[str, Any]) -> str:
@@ -60,50 +57,42 @@ def choose_layout(meta: dict[str, Any], comm: MPI.Comm, batch: int | None, repli
     return batch, replicas, grid
 
 
-def wanted_boxes(tr: "GreedyTrainer", meta: dict[str, Any]) -> dict[str, Box]:
-    """The box of every saved array this rank holds in the new layout."""
-    wanted = {}
-    for li in tr.filter_layers:
-        wanted[f"w/{li}"] = tr.plan.weight_box(li)[1]
-        if not tr.tied:
-            wanted[f"w_dec/{li}"] = tr.plan.weight_box(li)[1]
-    opt = meta["optimizer"]
-    if opt is not None:
-        stage_box = tr.plan.weight_box(tr.filter_layers[meta["stage"]])[1]
-        for pname, slots in opt["slot_names"].items():
-            for slot in slots:
-                wanted[f"opt/{pname}/{slot}"] = stage_box
-    return wanted
+def saved_optimizer(meta: dict[str, Any]) -> optim.Optimizer | None:
+    """A fresh optimizer with the checkpoint's kind, hyper-parameters and schedule (None if none was saved)."""
+    opt = meta.get("optimizer")
+    return None if opt is None else optim.from_state(opt["kind"], opt["hyper"], opt["schedule"])
 
 
-def restore_weights_and_position(tr: "GreedyTrainer", meta: dict[str, Any], arrays: dict[str, Any]) -> None:
-    """Weights, stage, steps and the data stream's position as saved."""
-    for li in tr.filter_layers:
-        tr.params[li] = tr.xp.asarray(arrays[f"w/{li}"])
-        if not tr.tied:
-            tr.decoders[li] = tr.xp.asarray(arrays[f"w_dec/{li}"])
-    tr.stage, tr.stage_step = meta["stage"], meta["stage_step"]
-    tr.position, tr.step, tr.skipped = meta["position"], meta["step"], meta["skipped"]
-    tr.bad_in_row, tr._saved_step = meta.get("bad_in_row", 0), meta["step"]
-    saved_seed = meta.get("data", {}).get("seed")
-    if saved_seed is not None and getattr(tr.data, "seed", saved_seed) != saved_seed:
-        tr._say(f"note: the data source's seed {getattr(tr.data, 'seed')} differs from the saved {saved_seed}: "
-                "the image stream will not continue as before")
+def template_error(meta: dict[str, Any], given: optim.Optimizer | None) -> str | None:
+    """Why ``given`` cannot continue the checkpoint's optimizer (another kind, or none to continue)."""
+    opt = meta.get("optimizer")
+    if given is None:
+        return None if opt is not None else "the checkpoint holds no optimizer state: pass an optimizer"
+    if opt is not None and opt["kind"] != type(given).__name__:
+        return (f"the checkpoint was trained with {optimizer_name(opt['kind'], opt['hyper'])}, the optimizer given "
+                f"is {optimizer_name(type(given).__name__, given.hyper())}: resume with the same kind")
+    return None
 
 
-def restore_optimizer(tr: "GreedyTrainer", opt: dict[str, Any], arrays: dict[str, Any], comm: MPI.Comm) -> None:
-    """The current stage's optimizer with its saved slots, schedule and hyper-parameters; a different
-    kind of optimizer is refused."""
-    tr._begin_stage(tr.stage)
-    err = None if opt["kind"] == type(tr.optimizer).__name__ else (
-        f"the checkpoint was trained with {optimizer_name(opt['kind'], opt['hyper'])}, the optimizer given "
-        f"is {optimizer_name(type(tr.optimizer).__name__, tr.optimizer.hyper())}: resume with the same kind")
-    raise_collectively(comm, err)
-    state = {k: v for k, v in opt.items() if k != "slot_names"}
-    state["slots"] = {n: {s: tr.xp.asarray(arrays[f"opt/{n}/{s}"]) for s in slots}
-                      for n, slots in opt["slot_names"].items()}
-    given = (schedules_describe(tr.optimizer.schedule), tr.optimizer.hyper())
-    tr.optimizer.load_state_dict(state)
-    if given != (state["schedule"], state["hyper"]):
-        tr._say("note: the saved optimizer schedule and hyper-parameters are restored "
-                f"({state['schedule']}, {state['hyper']}), not the ones of the optimizer given")
+def settings_of(optimizer: optim.Optimizer | None, lam: float, filter_norm: list[float | None]) -> dict[str, Any]:
+    """The settings a resume may change, keyed by their config names."""
+    return {"train.lam": float(lam), "train.filter_norm": list(filter_norm),
+            **(optim.settings(optimizer) if optimizer is not None else {})}
+
+
+def filter_norm_error(saved: list[float | None], given: list[float | None], stage: int) -> str | None:
+    """A finished stage's filter norm is part of its trained weights: it cannot change."""
+    bad = [k for k in range(min(stage, len(saved))) if saved[k] != given[k]]
+    if not bad:
+        return None
+    return (f"train.filter_norm of the finished stage(s) {bad} differs from the one they were trained at "
+            f"({[saved[k] for k in bad]} -> {[given[k] for k in bad]}): undo that change to resume")
+
+
+def changes(saved: dict[str, Any], given: dict[str, Any], source: str) -> list[str]:
+    """One line per setting that differs: ``key: old (checkpoint) -> new (source)``."""
+    def show(v: Any) -> str:
+        return json.dumps([None if x is None else round(x, 6) for x in v] if isinstance(v, list) else v)
+
+    return [f"{k}: {show(saved.get(k))} (checkpoint) -> {show(given.get(k))} ({source})"
+            for k in sorted(set(saved) | set(given)) if saved.get(k) != given.get(k)]

@@ -10,6 +10,8 @@ import numbers
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..checks import Param
+
 
 def _positive(name: str, v: float, allow_zero: bool = False) -> float:
     v = float(v)
@@ -133,3 +135,40 @@ def from_description(d: dict) -> Any:
     if kind == "warmup":
         d["after"] = from_description(d["after"])
     return KINDS[kind](**d)
+
+
+# -- the registry: config names -> schedules and their keys -----------------------------
+#: Keys every schedule takes (``kind`` names the entry of :data:`SCHEDULES`).
+COMMON = {"warmup_steps": Param(0, "integer", lo=0, doc="linear warmup (0: none)"),
+          "start_factor": Param(0.0, lo=0, hi=1, doc="warmup starts at start_factor * lr")}
+
+#: The schedules a config can name: (class, its own keys); the one list.
+SCHEDULES: dict[str, tuple[Any, dict[str, Param]]] = {
+    "constant": (Constant, {}),
+    "step": (StepDecay, {"step_size": Param(kind="integer", lo=1), "gamma": Param(0.1, lo=0, lo_open=True)}),
+    "polynomial": (Polynomial, {"total_steps": Param(kind="integer", lo=1), "power": Param(1.0, lo=0, lo_open=True),
+                                "end_lr": Param(0.0, lo=0)}),
+    "cosine": (Cosine, {"total_steps": Param(kind="integer", lo=1), "min_lr": Param(0.0, lo=0)}),
+}
+
+
+def from_config(lr: float, sched: dict[str, Any]) -> Any:
+    """The schedule a resolved config's ``train.schedule`` table names, peaking at ``lr``."""
+    kind = sched.get("kind", "constant")
+    if kind not in SCHEDULES:
+        raise ValueError(f"schedule kind must be one of {', '.join(SCHEDULES)}, got {kind!r}")
+    cls, keys = SCHEDULES[kind]
+    s = validate(cls(lr, **{k: sched[k] for k in keys if k in sched}))
+    if sched.get("warmup_steps"):
+        s = validate(Warmup(s, sched["warmup_steps"], sched.get("start_factor", 0.0)))
+    return s
+
+
+def to_config(s: Any) -> tuple[float, dict[str, Any]]:
+    """(peak lr, ``train.schedule`` table) of a schedule: the inverse of :func:`from_config`."""
+    warm = {"warmup_steps": 0, "start_factor": 0.0}
+    if isinstance(s, Warmup):
+        warm, s = {"warmup_steps": s.warmup_steps, "start_factor": s.start_factor}, s.after
+    d = describe(s)
+    kind = d.pop("kind")
+    return d.pop("lr"), {"kind": kind, **d, **warm}

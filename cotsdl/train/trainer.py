@@ -33,6 +33,7 @@ from . import allreduce, resume
 from .objective import StageObjective
 from .optim import Optimizer
 from .schedules import describe as schedules_describe
+from .state import TrainState
 
 
 class TrainingInterrupted(Exception):
@@ -45,6 +46,12 @@ class TrainingInterrupted(Exception):
         where = f"; checkpoint {checkpoint}" if checkpoint else ""
         super().__init__(f"training interrupted at global step {step}{where}")
         self.step, self.checkpoint = step, checkpoint
+
+
+def _state_attr(name: str) -> property:
+    """``trainer.<name>`` is ``trainer.state.<name>`` (the state is one object that saves itself)."""
+    return property(lambda self: getattr(self.state, name), lambda self, v: setattr(self.state, name, v),
+                    doc=f"``state.{name}`` (:class:`TrainState`)")
 
 
 class GreedyTrainer:
@@ -146,15 +153,12 @@ class GreedyTrainer:
         # With the cuda backend the weights, the optimizer state and the images live on the GPU.
         self.xp = backend.xp()
         self.filter_norms = norms
-        self.params = {k: self.xp.asarray(v) for k, v in self.plan.init_params(seed, norms).items()}
-        self.decoders = {} if tied else {i: w.copy() for i, w in self.params.items()}
+        params = {k: self.xp.asarray(v) for k, v in self.plan.init_params(seed, norms).items()}
+        #: Everything that changes as training goes on (what a checkpoint holds).
+        self.state = TrainState(params, {} if tied else {i: w.copy() for i, w in params.items()})
         self.template = optimizer
-        self.optimizer: Optimizer | None = None
-        self.stage, self.stage_step, self.step = 0, 0, 0
-        #: Stream position of the next global batch (images consumed by all replicas so far).
-        self.position = 0
         self._saved_step = -1
-        self.skipped, self.bad_in_row, self.max_bad_steps = 0, 0, int(max_bad_steps)
+        self.max_bad_steps = int(max_bad_steps)
         self.checkpoint_dir, self.checkpoint_every, self.keep = checkpoint_dir, int(checkpoint_every), int(keep)
         self.log_every, self.metrics_file, self._log = int(log_every), metrics_file, log
         self.history: list[dict[str, Any]] = []
@@ -172,6 +176,16 @@ class GreedyTrainer:
                  for li in network.filter_layers()]
         slots = len(optimizer.slots)  # momentum 1, Adam 2, plain SGD 0
         return dtype.itemsize * ((1 if tied else 2) * sum(sizes) + slots * (1 if tied else 2) * max(sizes))
+
+    params = _state_attr("params")
+    decoders = _state_attr("decoders")
+    optimizer = _state_attr("optimizer")
+    stage = _state_attr("stage")
+    stage_step = _state_attr("stage_step")
+    step = _state_attr("step")
+    position = _state_attr("position")  # images consumed by all replicas so far
+    skipped = _state_attr("skipped")
+    bad_in_row = _state_attr("bad_in_row")
 
     # -- inspection -------------------------------------------------------------
     @property
@@ -225,6 +239,7 @@ class GreedyTrainer:
         if self.replicas > 1:
             grads = allreduce.average(self.layout.replica_comm, grads)
             losses = sum_values(self.layout.replica_comm, losses) / self.replicas
+        lr = self.optimizer.lr  # the rate of this step (the record reports it, not the next one's)
         finite = bool(np.all(np.isfinite(losses)) and all(bool(self.xp.isfinite(g).all()) for g in grads.values()))
         finite = bool(self.world.allreduce(finite, op=MPI.LAND))  # every rank skips together
         if finite:
@@ -260,7 +275,7 @@ class GreedyTrainer:
                 "recon_rel": float(losses[1] / losses[3]) if losses[3] > 0 else float("nan"),
                 "pooled": float(losses[4]), "skipped": not finite,
                 "seconds": dt, "exchange_seconds": ex, "images_per_s": self.batch * self.replicas / dt,
-                "lr": self.optimizer.lr}
+                "lr": lr}
 
     # -- stages -------------------------------------------------------------------
     def _begin_stage(self, stage: int) -> None:
@@ -365,6 +380,9 @@ class GreedyTrainer:
             raise ValueError(f"steps_per_stage needs {len(self.network.stages)} entries, got {len(steps_per_stage)}")
         for k in range(self.stage, len(self.network.stages)):
             done = self.stage_step if k == self.stage and self.optimizer is not None else 0
+            if done > int(steps_per_stage[k]) and k + 1 < len(self.network.stages):
+                self._say(f"stage {k} has trained {done} steps, more than the {int(steps_per_stage[k])} asked: it is "
+                          f"finished as it is, and stage {k + 1} starts with its learning-rate schedule from step 0")
             self.train_stage(k, max(0, int(steps_per_stage[k]) - done))
         if self.checkpoint_dir and self._saved_step != self.step:
             self.save()
@@ -389,74 +407,75 @@ class GreedyTrainer:
                 self.metrics_file = None
 
     # -- checkpoints ----------------------------------------------------------------
-    def _arrays(self) -> dict[str, tuple]:
-        out = {}
-        for li in self.filter_layers:
-            shape, box = self.plan.weight_box(li)
-            out[f"w/{li}"] = (shape, box, self.params[li])
-            if not self.tied:
-                out[f"w_dec/{li}"] = (shape, box, self.decoders[li])
-        if self.optimizer is not None:
-            shape, box = self.plan.weight_box(self.filter_layers[self.stage])
-            for pname, slots in self.optimizer.state.items():
-                for slot, arr in slots.items():
-                    out[f"opt/{pname}/{slot}"] = (shape, box, arr)
-        return out
+    def settings(self) -> dict[str, Any]:
+        """What a checkpoint records besides the state: the run's settings and what its input is."""
+        return {"network": self.network.describe(), "seed": self.seed, "lam": self.lam,
+                "filter_norm": self.filter_norms, "tied": self.tied, "batch": self.batch, "replicas": self.replicas,
+                "grid": list(self.layout.grid.dims), "dtype": self.plan.dtype.name,
+                "data": {"kind": type(self.data).__name__, "seed": getattr(self.data, "seed", None),
+                         # what the network's input is: part of the model (resume and evaluation check it)
+                         "input_lcn": self.data.describe() if isinstance(self.data, InputLCN) else None}}
 
     def save(self) -> Path:
         """Write a checkpoint of everything needed to continue (collective)."""
         if not self.checkpoint_dir:
             raise ValueError("no checkpoint_dir was given to the trainer")
-        opt = None
-        if self.optimizer is not None:
-            opt = {k: v for k, v in self.optimizer.state_dict().items() if k != "slots"}
-            opt["slot_names"] = {n: sorted(s) for n, s in self.optimizer.state.items()}
-        meta = {"network": self.network.describe(), "stage": self.stage, "stage_step": self.stage_step,
-                "position": self.position, "step": self.step, "seed": self.seed, "lam": self.lam,
-                "filter_norm": self.filter_norms,
-                "tied": self.tied, "batch": self.batch, "replicas": self.replicas,
-                "grid": list(self.layout.grid.dims), "dtype": self.plan.dtype.name, "optimizer": opt,
-                "skipped": self.skipped, "bad_in_row": self.bad_in_row,
-                "data": {"kind": type(self.data).__name__, "seed": getattr(self.data, "seed", None),
-                         # what the network's input is: part of the model (resume and evaluation check it)
-                         "input_lcn": self.data.describe() if isinstance(self.data, InputLCN) else None}}
-        path = checkpoint.save(self.checkpoint_dir, self.step, self.world, self._arrays(), meta,
-                               writer=self.layout.replica == 0, keep=self.keep)
+        path = self.state.to_checkpoint(self.checkpoint_dir, self.world, self.plan, self.settings(),
+                                        writer=self.layout.replica == 0, keep=self.keep)
         self._saved_step = self.step
         self._say(f"checkpoint {path}")
         return path
 
     @classmethod
-    def resume(cls, path: str, data: Any, optimizer: Optimizer, *, comm: MPI.Comm, batch: int | None = None,
-               replicas: int | None = None, grid: Sequence[int] | None = None, **kw) -> "GreedyTrainer":
+    def resume(cls, path: str, data: Any, optimizer: Optimizer | None = None, *, comm: MPI.Comm,
+               batch: int | None = None, replicas: int | None = None, grid: Sequence[int] | None = None,
+               lam: float | None = None, filter_norm: Any = None, changes_from: str = "given",
+               **kw) -> "GreedyTrainer":
         """A trainer continuing from checkpoint ``path`` (a ``ckpt-*`` folder, or a folder of them:
         the latest written), on any number of ranks and grid.
 
         On as many ranks as it was saved from, the saved replicas and grid are reused
         (and the run continues bitwise-identically); otherwise ``replicas`` defaults to
         the ranks over the grid's size when ``grid`` is given, else to the saved number
-        when it divides the ranks, else 1; ``batch`` to keeping the saved global batch.  The optimizer's saved state,
-        schedule and hyper-parameters are restored (``optimizer`` gives its kind; change
-        ``trainer.optimizer`` afterwards to alter them); the data stream continues at
-        the saved position.
+        when it divides the ranks, else 1; ``batch`` to keeping the saved global batch.
+
+        The weights, the position and the optimizer's step count and slots always come
+        from the checkpoint.  ``optimizer`` (its kind must be the saved one), ``lam`` and
+        ``filter_norm`` apply from here on when given (None: the saved ones); each
+        setting that differs from the checkpoint's is logged once, as
+        ``train.optimizer.lr: 0.01 (checkpoint) -> 0.005 (given)`` (``changes_from``
+        names the source).  A finished stage's filter norm cannot change.
         """
         agree(comm, path=str(path), batch=batch, replicas=replicas, grid=None if grid is None else list(grid))
         p, skipped = resume.find_checkpoint(Path(path), comm)
         meta = checkpoint.read_index(p)["meta"]
         batch, replicas, grid = resume.choose_layout(meta, comm, batch, replicas, grid)
+        raise_collectively(comm, resume.template_error(meta, optimizer))
+        saved_opt = resume.saved_optimizer(meta)
+        network = Network.from_description(meta["network"])
+        saved_norms = meta.get("filter_norm") or [None] * len(network.stages)
+        norms, err = (saved_norms, None) if filter_norm is None else _stage_norms(filter_norm, network)
+        raise_collectively(comm, err or resume.filter_norm_error(saved_norms, norms, meta["stage"]))
         kw.setdefault("checkpoint_dir", str(p.parent))
         kw["overwrite"] = True  # the same run, continued
-        tr = cls(Network.from_description(meta["network"]), data, optimizer, comm=comm, batch=batch,
-                 replicas=replicas, grid=grid, lam=meta["lam"], tied=meta["tied"], seed=meta["seed"],
-                 filter_norm=meta.get("filter_norm"),
+        tr = cls(network, data, optimizer or saved_opt, comm=comm, batch=batch, replicas=replicas, grid=grid,
+                 lam=meta["lam"] if lam is None else lam, tied=meta["tied"], seed=meta["seed"], filter_norm=norms,
                  dtype=np.dtype(meta["dtype"]), **kw)
-        arrays = checkpoint.load(p, comm, resume.wanted_boxes(tr, meta), dtype=tr.plan.dtype)
-        resume.restore_weights_and_position(tr, meta, arrays)
-        if meta["optimizer"] is not None:
-            resume.restore_optimizer(tr, meta["optimizer"], arrays, comm)
+        tr.state = TrainState.from_checkpoint(p, meta, comm, tr.plan, tr.xp, tr.template, tr.tied)
+        if tr.optimizer is not None:
+            tr.optimizer.comm = tr.layout.grid.comm
+        tr._saved_step = tr.step
+        saved_seed = meta.get("data", {}).get("seed")
+        if saved_seed is not None and getattr(data, "seed", saved_seed) != saved_seed:
+            tr._say(f"note: the data source's seed {getattr(data, 'seed')} differs from the saved {saved_seed}: "
+                    "the image stream will not continue as before")
         for line in skipped:
             tr._say(f"warning: checkpoint {line}")
         tr._say(f"resumed from {p}: stage {tr.stage}, step {tr.stage_step} of the stage, global step {tr.step}")
+        for line in resume.changes(resume.settings_of(saved_opt, meta["lam"], saved_norms),
+                                   resume.settings_of(tr.template if saved_opt else None, tr.lam, tr.filter_norms),
+                                   changes_from):
+            tr._say(f"  {line}")
         return tr
 
 

@@ -12,7 +12,7 @@ from cotsdl.cli import config
 from cotsdl.nn.network import Network
 from cotsdl.planner import PRESETS, MachineError, load_machine, predict_step, suggest, validate_machine
 from cotsdl.planner.machine import op_seconds, rank_share
-from cotsdl.planner.model import OPTIMIZER_SLOTS, layer_counts, step_ops
+from cotsdl.planner.model import layer_counts, step_ops
 from cotsdl.planner.predict import candidates
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,14 +81,18 @@ def test_step_flops_are_the_layer_costs_composed(stage):
 
 
 def test_optimizer_slots_agree_with_the_optimizers():
-    from cotsdl.cli.train import make_optimizer
     from cotsdl.planner.model import optimizer_slots
+    from cotsdl.train.optim import OPTIMIZERS, from_config
 
-    for kind in OPTIMIZER_SLOTS:
+    expected = {"sgd": 0, "momentum": 1, "nesterov": 1, "adagrad": 1, "rmsprop": 1, "adam": 2, "lars": 1, "lamb": 2}
+    assert set(OPTIMIZERS) == set(expected)  # a new optimizer needs its slot count checked here
+    for kind in OPTIMIZERS:
         cfg = config.validate({"data": {"file": "x.h5"}, "network": TINY, "train": {"steps": 1, "optimizer": {"kind": kind}},
                                "run": {"folder": "r"}})
-        opt = make_optimizer(cfg["train"]["optimizer"], cfg["train"]["schedule"])
-        assert optimizer_slots(cfg["train"]["optimizer"]) == len(opt.slots), kind
+        opt = from_config(cfg["train"]["optimizer"], cfg["train"]["schedule"])
+        assert optimizer_slots(cfg["train"]["optimizer"]) == len(opt.slots) == expected[kind], kind
+        opt.step({"w": np.ones(3, np.float32)}, {"w": np.ones(3, np.float32)})  # the slots it really keeps
+        assert sum(len(s) for s in opt.state.values()) == expected[kind], kind
 
 
 def test_predict_step_api():

@@ -248,8 +248,57 @@ def test_numpy_scalars_in_hyper_parameters_survive_checkpoints(tmp_path):
     tr = small_trainer(tmp_path, opt=opt, seed=np.int64(7))
     tr.train_stage(0, 1)
     tr.save()
-    again = GreedyTrainer.resume(str(tmp_path), tr.data, Adam(0.01), comm=MPI.COMM_SELF, log=open(os.devnull, "w"))
+    again = GreedyTrainer.resume(str(tmp_path), tr.data, comm=MPI.COMM_SELF, log=open(os.devnull, "w"))
     assert again.seed == 7 and again.optimizer.schedule == schedules.Cosine(np.float32(0.01), 100)
+    assert again.optimizer.t == 1 and again.template.schedule == again.optimizer.schedule
+
+
+def test_resume_applies_the_given_settings_and_logs_each_change_once(tmp_path):
+    """Saved: weights, position, optimizer step count and slots.  Given: what applies from here on."""
+    import io
+
+    from cotsdl.train import schedules
+
+    tr = small_trainer(tmp_path, opt=Adam(0.01))
+    tr.train_stage(0, 2)
+    tr.save()
+    slots = {n: {k: v.copy() for k, v in s.items()} for n, s in tr.optimizer.state.items()}
+    log = io.StringIO()
+    given = Adam(schedules.Cosine(0.005, total_steps=50), beta2=0.99)
+    again = GreedyTrainer.resume(str(tmp_path), tr.data, given, comm=MPI.COMM_SELF, lam=0.3, log=log)
+    lines = log.getvalue().splitlines()
+    for expected in ("train.optimizer.lr: 0.01 (checkpoint) -> 0.005 (given)",
+                     'train.schedule.kind: "constant" (checkpoint) -> "cosine" (given)',
+                     "train.schedule.total_steps: null (checkpoint) -> 50 (given)",
+                     "train.optimizer.beta2: 0.999 (checkpoint) -> 0.99 (given)",
+                     "train.lam: 0.1 (checkpoint) -> 0.3 (given)"):
+        assert sum(expected in line for line in lines) == 1, (expected, lines)
+    assert not any("beta1" in line or "optimizer.eps" in line for line in lines)  # unchanged settings are not listed
+    opt = again.optimizer
+    assert (opt.t, opt.beta2, opt.schedule, again.lam) == (2, 0.99, schedules.Cosine(0.005, 50), 0.3)
+    assert all(np.array_equal(opt.state[n][k], v) for n, s in slots.items() for k, v in s.items())
+    assert (again.stage, again.stage_step, again.step, again.position) == (0, 2, 2, tr.position)
+
+
+def test_resume_with_fewer_steps_starts_the_next_stage_schedule_anew(tmp_path):
+    """Stage 0 already did more steps than asked: stage 1 trains at its schedule's first rates, never at 0."""
+    import io
+
+    from cotsdl.train import schedules
+
+    def cosine():
+        return Momentum(schedules.Cosine(0.01, total_steps=3))
+
+    tr = small_trainer(tmp_path, opt=cosine())
+    tr.train_stage(0, 5)  # past the schedule's end: the stage's rate is 0 now
+    tr.save()
+    log = io.StringIO()
+    again = GreedyTrainer.resume(str(tmp_path), tr.data, cosine(), comm=MPI.COMM_SELF, log=log)
+    again.train([3, 2, 0])
+    first = next(r for r in again.history if r["stage"] == 1)
+    assert first["stage_step"] == 1 and first["lr"] == pytest.approx(0.01)
+    assert [r["stage"] for r in again.history] == [1, 1]
+    assert "stage 0 has trained 5 steps, more than the 3 asked" in log.getvalue()
 
 
 def test_a_short_batch_is_reported_clearly():

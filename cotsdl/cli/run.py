@@ -1,0 +1,143 @@
+"""A config and its ``--set`` overrides become the run's typed objects, once.
+
+``cotsdl train``, ``bench scaling``, ``plan``, ``inspect`` and ``evaluate`` all take a
+:class:`RunSpec`: the resolved config (``config.toml`` of a run folder) and, built
+from it, the network, the data, training and parallel settings, the optimizer
+factory, the run folder and the backend.  Everything a config alone decides is
+checked here; :func:`read_agreed` reads the file on rank 0 only and every rank
+builds the same objects from the broadcast result, or raises the same error.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..nn.network import Network
+from ..train import optim
+from . import config as cfgmod
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """``[data]``: the dataset and how its images are read and preprocessed."""
+
+    file: str
+    batch: int
+    seed: int
+    shuffle: bool
+    preprocess: str
+    std_floor: float
+    prefetch: bool
+    input_lcn: dict[str, Any] | None  # {size, sigma, eps}, or None: off
+
+
+@dataclass(frozen=True)
+class ParallelSpec:
+    """``[parallel]``: replicas x model grid (None: chosen for the image), and overlap."""
+
+    replicas: int
+    grid: tuple[int, int] | None
+    overlap: bool
+
+    def error(self, ranks: int, source: str) -> str | None:
+        """Why this layout does not fit ``ranks`` ranks (None: it does)."""
+        if ranks % self.replicas:
+            return f"{source}: parallel.replicas = {self.replicas} does not divide the {ranks} rank(s) of this run"
+        if self.grid is not None and self.grid[0] * self.grid[1] * self.replicas != ranks:
+            return (f"{source}: parallel.grid = {list(self.grid)} with parallel.replicas = {self.replicas} needs "
+                    f"{self.grid[0] * self.grid[1] * self.replicas} rank(s), this run has {ranks}")
+        return None
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """``[train]``: steps or epochs per stage, the objective's and the trainer's settings."""
+
+    steps: list[int] | None
+    epochs: list[float] | None
+    lam: float
+    tied: bool
+    filter_norm: list[Any]  # per stage: a number, "auto" or None (unconstrained)
+    seed: int
+    dtype: np.dtype
+    checkpoint_every: int
+    keep: int
+    log_every: int
+    max_bad_steps: int
+    optimizer: dict[str, Any]
+    schedule: dict[str, Any]
+
+    def make_optimizer(self) -> optim.Optimizer:
+        """A fresh optimizer (with its schedule) of these settings."""
+        return optim.from_config(self.optimizer, self.schedule)
+
+    @property
+    def optimizer_slots(self) -> int:
+        return optim.slot_count(self.optimizer)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything a config file decides, checked."""
+
+    source: str
+    config: dict[str, Any]
+    network: Network
+    data: DataSpec
+    train: TrainSpec
+    parallel: ParallelSpec
+    folder: Path
+    backend: str
+    threads: int
+
+    @property
+    def global_batch(self) -> int:
+        return self.data.batch * self.parallel.replicas
+
+
+def from_config(cfg: dict[str, Any], source: str) -> RunSpec:
+    """The typed objects of a resolved config (``config.validate``), or :class:`config.ConfigError`."""
+    try:
+        network = Network.from_description(cfg["network"])
+    except ValueError as e:
+        raise cfgmod.ConfigError(f"{source}: network: {e}") from None
+    dc, tc, pc, rc = cfg["data"], cfg["train"], cfg["parallel"], cfg["run"]
+    lcn = dc.get("input_lcn") or {}
+    data = DataSpec(dc["file"], dc["batch"], dc["seed"], dc["shuffle"], dc["preprocess"], float(dc["std_floor"]),
+                    dc["prefetch"], {"size": int(lcn["size"]), "sigma": float(lcn["sigma"]), "eps": float(lcn["eps"])}
+                    if lcn.get("size") else None)
+    train = TrainSpec(tc["steps"], tc["epochs"], float(tc["lam"]), tc["tied"],
+                      [None if v == "none" else v if v == "auto" else float(v) for v in tc["filter_norm"]],
+                      tc["seed"], np.dtype(tc["dtype"]), tc["checkpoint_every"], tc["keep"], tc["log_every"],
+                      tc["max_bad_steps"], tc["optimizer"], tc["schedule"])
+    try:
+        train.make_optimizer()
+    except ValueError as e:
+        raise cfgmod.ConfigError(f"{source}: train.optimizer / train.schedule: {e}") from None
+    parallel = ParallelSpec(pc["replicas"], None if pc["grid"] == "auto" else tuple(pc["grid"]), pc["overlap"])
+    return RunSpec(str(source), cfg, network, data, train, parallel, Path(rc["folder"]), rc["backend"], rc["threads"])
+
+
+def read(path: str | Path, overrides: list[str] = ()) -> RunSpec:
+    """Read, override, validate and build a config file on this process."""
+    return from_config(cfgmod.load(path, overrides), str(path))
+
+
+def read_agreed(comm: Any, path: str | Path, overrides: list[str] = ()) -> RunSpec:
+    """:func:`read` on rank 0, the resolved config broadcast: every rank gets the same objects
+    or raises the same :class:`ValueError` (collective over ``comm``)."""
+    from ..array.collective import agreed  # noqa: PLC0415 - MPI only for commands that use it
+
+    cfg, err = None, None
+    if comm.Get_rank() == 0:
+        try:
+            cfg = read(path, overrides).config
+        except cfgmod.ConfigError as e:
+            err = str(e)
+    cfg, err = comm.bcast((cfg, err))
+    if err:
+        raise agreed(ValueError(err))
+    return from_config(cfg, str(path))
