@@ -116,7 +116,10 @@ class Op:
 
 def step_ops(network: Network, counts: list[LayerCounts], stage: int, batch: int, replicas: int, itemsize: int,
              optimizer_slots: int, tied: bool = True) -> list[Op]:
-    """The operations of one training step of ``stage`` (GreedyTrainer._train_step, StageObjective)."""
+    """The operations of one training step of ``stage`` (GreedyTrainer._train_step, StageObjective).
+
+    Written from the trainer's step; ``tests/planner/test_step_counts.py`` counts the
+    passes, exchanges and reductions of a real step and checks that they are these."""
     f, p = network.layer_index(stage, "filter"), network.layer_index(stage, "pool")
     G = len(counts[0].sent)
     ops: list[Op] = []
@@ -141,6 +144,8 @@ def step_ops(network: Network, counts: list[LayerCounts], stage: int, batch: int
     def reduce(group: int, nbytes: float, label: str) -> None:
         ops.append(Op("reduce", "allreduce", None, bytes=nbytes, group=group, label=label))
 
+    # (0) the minibatch: every rank's read is checked in one collective verdict
+    reduce(G * replicas, 8, "reading check")
     # (1) the frozen stages below: forward only
     for li in range(f):
         ex(li, "forward", "stage input: exchange")
@@ -180,6 +185,9 @@ def step_ops(network: Network, counts: list[LayerCounts], stage: int, batch: int
     elementwise(w * copies, 3 + 2 * optimizer_slots, f"update ({optimizer_slots} optimizer slot(s))", f)
     elementwise(w * copies, 1, "finite check of the weights", f)
     reduce(G * replicas, 8, "finite check")
+    # (5) the step's bookkeeping: the slowest rank's exchange time, and the agreed stop check
+    reduce(G * replicas, 8, "exchange time (max)")
+    reduce(G * replicas, 8, "stop check (signals)")
     return ops
 
 

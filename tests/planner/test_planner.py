@@ -73,11 +73,7 @@ def test_step_flops_are_the_layer_costs_composed(stage):
     want += 2 * cf["forward"].flops + cf["backward_data"].flops + 2 * cf["backward_weights"].flops
     want += cp["forward"].flops + cp["backward"].flops
     got = sum(float(np.sum(op.flops)) for op in ops if op.kind == "compute" and op.what != "elementwise")
-    assert got == pytest.approx(want)
-    kinds = [(op.kind, op.what, op.layer) for op in ops if op.kind == "exchange"]
-    assert kinds == [("exchange", "forward", i) for i in range(f)] + [
-        ("exchange", "forward", f), ("exchange", "adjoint", f), ("exchange", "forward", p),
-        ("exchange", "forward", f), ("exchange", "adjoint", p)]
+    assert got == pytest.approx(want)  # which passes and exchanges a step makes: test_step_counts.py
 
 
 def test_optimizer_slots_agree_with_the_optimizers():
