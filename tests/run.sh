@@ -2,9 +2,10 @@
 # The whole test suite on a fresh machine with only Python 3:
 #   bash tests/run.sh [extra pytest args]
 # sets up .venv (jobs/env.sh), runs the serial suite with pytest, then the
-# multi-rank suite under mpiexec -n 1, 2, 3, 4.  Every test has a timeout
-# (pytest-timeout, thread method) and MPIEXEC_TIMEOUT bounds every mpiexec, so a
-# deadlock fails in seconds instead of hanging.  Last, python -m tests.reliability.run injects faults
+# multi-rank suite under mpiexec -n 1, 2, 3, 4.  Every test has a timeout: a serial
+# test past it fails alone (pytest-timeout, signal method) and the run goes on; under
+# MPI the thread method ends a deadlocked rank and MPIEXEC_TIMEOUT bounds every
+# mpiexec, so a deadlock fails that rank count in seconds instead of hanging.  Last, python -m tests.reliability.run injects faults
 # (bad input, damaged checkpoints, kill -9, signals, a full disk, NaN gradients) and prints
 # one summary line.
 set -euo pipefail

@@ -11,7 +11,8 @@ import json
 
 import pytest
 
-from cotsdl import backend, check_kernels, nvrtc
+from cotsdl import backend
+from cotsdl.tools import check_kernels, nvrtc
 
 ARCHS = ["sm_70", "sm_80", "sm_90"]
 
@@ -219,3 +220,19 @@ def test_the_cuda_backend_without_cupy_names_the_extra():
         pytest.skip("CuPy is installed here")
     with pytest.raises(ImportError, match=r"the cuda backend needs CuPy.*pip install 'cotsdl\[cuda12\]'"):
         backend.cupy_module()
+
+
+def test_an_identical_compile_is_reused_and_an_edit_is_not(libs, tmp_path, monkeypatch):
+    monkeypatch.setenv("COTSDL_KERNEL_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "k.cu"
+    src.write_text('extern "C" __global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }\n')
+    calls = []
+    real = nvrtc.NVRTC.compile
+    monkeypatch.setattr(nvrtc.NVRTC, "compile", lambda self, *a, **k: calls.append(a[2]) or real(self, *a, **k))
+    first = check_kernels.run(archs=["sm_80"], sources=[src], log=lambda s: None)
+    again = check_kernels.run(archs=["sm_80"], sources=[src], log=lambda s: None)
+    assert calls == ["sm_80"] and first["records"] == again["records"] and again["ok"]
+    (tmp_path / "inc.cuh").write_text("// a header beside the kernel is part of what it compiles\n")
+    check_kernels.run(archs=["sm_80"], sources=[src], log=lambda s: None)
+    check_kernels.run(archs=["sm_80"], sources=[src], log=lambda s: None, cache=False)
+    assert calls == ["sm_80"] * 3

@@ -10,14 +10,14 @@ ROOT = Path(__file__).resolve().parents[1] / "cotsdl"
 
 #: Lowest first.  Units are the top-level modules and subpackages of ``cotsdl``.
 FLOORS = [
-    ("checks", "nvrtc", "cudaemu"),   # plain checks; the NVRTC binding; the CPU emulator of CUDA kernels
+    ("checks", "cudaemu"),            # plain checks; the CPU emulator of CUDA kernels (the cuda-emu backend)
     ("backend",),                     # numpy / cuda / cuda-emu, kernel loading
     ("array",),                       # boxes, grids, distributed arrays, exchanges, collectives
     ("ops",),                         # filter, pool, LCN on either backend
     ("io", "nn"),                     # datasets and checkpoints; layers, networks, the network plan
     ("train", "planner"),             # the trainer; the run planner
     ("evaluate", "bench"),            # the face experiment; benchmarks
-    ("check_kernels",),               # `cotsdl check-kernels`
+    ("tools",),                       # developer tooling: the NVRTC binding, `cotsdl check-kernels`
     ("cli", "__main__"),              # the command
 ]
 LEVEL = {unit: k for k, units in enumerate(FLOORS) for unit in units}

@@ -24,3 +24,13 @@ def test_deadlock_fails_fast():
     # what matters is that the run failed, fast.
     assert "1 passed" not in res.stdout
     assert took < 50, f"the deadlock took {took:.0f} s to fail"
+
+
+def test_a_serial_test_past_its_timeout_fails_alone(tmp_path):
+    """One slow test fails; the tests after it still run (the thread method would end the whole run)."""
+    (tmp_path / "test_case.py").write_text(
+        "import time\n\ndef test_slow():\n    time.sleep(30)\n\ndef test_after():\n    assert True\n")
+    res = subprocess.run([sys.executable, "-m", "pytest", str(tmp_path / "test_case.py"), "-q", "--timeout", "2",
+                          "-c", str(HERE.parent / "setup.cfg"), "--rootdir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=100)
+    assert "1 failed, 1 passed" in res.stdout, res.stdout[-2000:]

@@ -28,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     plan_cmd.add_parser(sub)
     sub.add_parser("info", help="versions, MPI library, CUDA-aware MPI, kernel folder")
     ck = sub.add_parser("check-kernels", help="compile every CUDA kernel with NVRTC for sm_70/80/90; fail on errors or spills")
-    from .. import check_kernels  # noqa: PLC0415 - no MPI, no GPU needed
+    from ..tools import check_kernels  # noqa: PLC0415 - no MPI, no GPU needed
 
     check_kernels.add_arguments(ck)
     bench_cmd.add_parser(sub)
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "info":
             return _info()
         if args.command == "check-kernels":
-            from .. import check_kernels  # noqa: PLC0415
+            from ..tools import check_kernels  # noqa: PLC0415
 
             return check_kernels.run_args(args)
         if args.command == "bench":

@@ -4,7 +4,7 @@ NVRTC is a plain shared library (``libnvrtc.so.<major>``) shipped in pip wheels,
 so kernels compile -- down to machine code for a chosen GPU, with the ptxas
 resource report -- on a machine with no GPU, no driver and no CUDA toolkit.
 This module finds the library, reports its version and architectures and
-compiles a source string; :mod:`cotsdl.check_kernels` builds the compile check
+compiles a source string; :mod:`cotsdl.tools.check_kernels` builds the compile check
 on it.  CuPy is not needed (it would want a driver to import its runtime).
 
 Where the library is looked for, first hit per major version:

@@ -13,6 +13,10 @@ not account for, so it is treated as a bug of the kernel, not a tuning detail.
 from __future__ import annotations
 
 import argparse
+import base64
+import hashlib
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -20,7 +24,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterable
 
-from . import __version__, nvrtc
+from .. import __version__
+from . import nvrtc
 
 DEFAULT_ARCHS = ("sm_70", "sm_80", "sm_90")  # V100, A100, H100: what must always pass
 NEW_ARCHS = ("sm_100",)  # checked when a CUDA 13 NVRTC is installed
@@ -149,9 +154,44 @@ def format_table(records: list[dict]) -> str:
                                for i, (c, w) in enumerate(zip(row, widths))) for row in rows)
 
 
+def cache_dir() -> Path:
+    """Where compile results are kept: ``$COTSDL_KERNEL_CACHE/nvrtc``, else ``$XDG_CACHE_HOME/cotsdl/nvrtc``."""
+    if os.environ.get("COTSDL_KERNEL_CACHE"):
+        return Path(os.environ["COTSDL_KERNEL_CACHE"]) / "nvrtc"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "cotsdl" / "nvrtc"
+
+
+def _compile(nv: nvrtc.NVRTC, text: str, src: Path, arch: str, opts: list[str], cache: bool) -> nvrtc.CompileResult:
+    """``nv.compile``, remembered by the hash of everything that goes into it (the source, the
+    headers beside it, arch, options, the library): a test session compiles each kernel once."""
+    if not cache:
+        return nv.compile(text, src.name, arch, opts)
+    h = hashlib.sha256()
+    for part in (text, src.name, arch, json.dumps(opts), str(nv.path), "%d.%d" % nv.version):
+        h.update(part.encode() + b"\0")
+    for header in sorted(src.parent.glob("*.cuh")):
+        h.update(header.name.encode() + b"\0" + header.read_bytes() + b"\0")
+    path = cache_dir() / f"{h.hexdigest()}.json"
+    try:
+        saved = json.loads(path.read_text())
+        return nvrtc.CompileResult(base64.b64decode(saved["cubin"]), saved["log"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not compiled yet, or an unreadable entry: compile (errors are never cached)
+    result = nv.compile(text, src.name, arch, opts)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({"log": result.log, "cubin": base64.b64encode(result.cubin).decode()}))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only or full cache only costs the next compile
+    return result
+
+
 def run(json_path: str | None = None, archs: Iterable[str] | None = None,
         log: Callable[[str], None] = print, sources: Iterable[str | Path] | None = None,
-        options: Iterable[str] = ()) -> dict:
+        options: Iterable[str] = (), cache: bool = True) -> dict:
     """Compile every kernel source for every architecture and give the verdict.
 
     Parameters
@@ -167,6 +207,8 @@ def run(json_path: str | None = None, archs: Iterable[str] | None = None,
         ``.cu`` files to check instead of those of ``cotsdl.backend.cuda_dir()``.
     options : iterable of str
         Extra NVRTC options for every compile (``-DNAME=VALUE``, ``-maxrregcount=N``).
+    cache : bool
+        Reuse the result of an identical earlier compile (:func:`cache_dir`).
 
     Returns
     -------
@@ -188,7 +230,7 @@ def run(json_path: str | None = None, archs: Iterable[str] | None = None,
         archs = DEFAULT_ARCHS + (NEW_ARCHS if max(libs) >= 13 else ())
     archs = sorted({_normalize_arch(a) for a in archs}, key=_arch_number)
     if sources is None:
-        from .backend import cuda_dir  # noqa: PLC0415 - numpy import only when needed
+        from ..backend import cuda_dir  # noqa: PLC0415 - numpy import only when needed
 
         sources = sorted(cuda_dir().glob("*.cu"))
     sources = [Path(s) for s in sources]
@@ -214,7 +256,7 @@ def run(json_path: str | None = None, archs: Iterable[str] | None = None,
                 # -I the file's folder: a kernel may #include a shared .cuh next to it.
                 opts = [*BASE_OPTIONS, f"--include-path={src.parent.resolve()}", *options, *variant]
                 try:
-                    result = nv.compile(text, src.name, arch, opts)
+                    result = _compile(nv, text, src, arch, opts, cache)
                 except nvrtc.CompileError as e:
                     log(str(e))
                     first = next((ln for ln in e.log.splitlines() if "error" in ln), "see the log above")
@@ -256,7 +298,7 @@ def run(json_path: str | None = None, archs: Iterable[str] | None = None,
                           "--include-path=<folder of the file>", *options],
               "sources": [str(s) for s in sources], "records": records, "warnings": warnings}
     if json_path is not None:
-        from .bench.common import write_json  # noqa: PLC0415
+        from ..bench.common import write_json  # noqa: PLC0415
 
         write_json(json_path, result)
     return result
@@ -274,6 +316,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", action="append", metavar="SM",
                    help="target(s), e.g. sm_80 or 80,90; repeatable (default: sm_70 sm_80 sm_90, "
                         "and sm_100 when a CUDA 13 NVRTC is installed)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="compile everything anew (default: reuse identical earlier compiles, see COTSDL_KERNEL_CACHE)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,14 +336,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_args(args: argparse.Namespace) -> int:
     """:func:`main` on parsed arguments (``args.json``, ``args.arch``)."""
-    from .bench.common import check_output_path  # noqa: PLC0415
+    from ..bench.common import check_output_path  # noqa: PLC0415
 
     try:
         archs = None if not args.arch else [_normalize_arch(a) for s in args.arch for a in s.split(",") if a]
         problem = check_output_path(args.json)
         if problem:
             raise ValueError(problem)
-        result = run(args.json, archs)
+        result = run(args.json, archs, cache=not getattr(args, "no_cache", False))
     except (ValueError, nvrtc.NVRTCNotFound) as e:
         print(f"cotsdl check-kernels: {e}", file=sys.stderr)
         return 2
