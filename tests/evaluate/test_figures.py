@@ -185,3 +185,53 @@ def test_report_with_figures_elsewhere(tmp_path):
     rep.write_report(tmp_path / "run", make_report(), {"filters": tmp_path / "elsewhere" / "f.png"})
     links = re.findall(r"\]\(([^)]+)\)", (tmp_path / "run" / "report.md").read_text())
     assert links == ["../elsewhere/f.png"] and (tmp_path / "run" / links[0]).is_file()
+
+
+def _pixels(path):
+    import matplotlib.image
+
+    return matplotlib.image.imread(str(path))[..., :3].astype(np.float64)
+
+
+def test_a_planted_filter_appears_in_its_tile_with_its_sign(figures, tmp_path):
+    """Content, not just a PNG: the one filter planted (red left half, blue right half: positive and
+    negative weights) shows up alone, in the tile of its site and neuron, with its polarity."""
+    sh, sw, m, rh, rw = 3, 3, 6, 8, 8
+    full = np.ones((sh, sw, m, rh, rw, 1))
+    bbox_src = _pixels(figures.filters(full, tmp_path / "full.png", sites=4))  # every tile red: the mosaic's extent
+    blank = _pixels(figures.filters(np.zeros_like(full), tmp_path / "blank.png", sites=4))
+    ys, xs = np.nonzero(np.abs(bbox_src - blank).sum(axis=2) > 0.1)  # the tiles (the colour bar is the same)
+    top, left, height, width = ys.min(), xs.min(), ys.max() + 1 - ys.min(), xs.max() + 1 - xs.min()
+    w = np.zeros_like(full)
+    w[sh - 1, sw - 1, 4, :, : rw // 2] = 1.0  # site (2, 2) is the last of the rows shown; neuron 4 of 6
+    w[sh - 1, sw - 1, 4, :, rw // 2:] = -1.0
+    img = _pixels(figures.filters(w, tmp_path / "planted.png", sites=4))
+    changed = np.abs(img - blank).sum(axis=2) > 0.1
+    cy, cx = np.nonzero(changed)
+    # in the mosaic, in the last row of sites (4 rows shown) and the tile of neuron 4 of 6
+    assert top <= cy.min() and cy.max() < top + height and left <= cx.min() and cx.max() < left + width
+    rows, cols = 4, m
+    assert int((cy.mean() - top) / (height / rows)) == rows - 1
+    assert int((cx.mean() - left) / (width / cols)) == 4
+    tile_w = width / cols
+    assert cx.max() - cx.min() < tile_w and cy.max() - cy.min() < height / rows  # one tile, nothing else
+    mid = (cx.min() + cx.max()) / 2
+    region = img[cy.min():cy.max() + 1, cx.min():cx.max() + 1]
+    xs_r = np.arange(cx.min(), cx.max() + 1)
+    left_half, right_half = region[:, xs_r < mid - 1], region[:, xs_r > mid + 1]
+    assert left_half[..., 0].mean() > left_half[..., 2].mean() + 0.2  # positive weights: red
+    assert right_half[..., 2].mean() > right_half[..., 0].mean() + 0.2  # negative weights: blue
+
+
+def test_the_stimulus_figure_shows_the_stimulus(figures, tmp_path):
+    """A bright square on a dark ground comes out bright where the square is."""
+    img = -np.ones((20, 20))
+    img[5:10, 12:17] = 1.0
+    gray = _pixels(figures.stimulus(img, tmp_path / "s.png")).mean(axis=2)
+    dark = _pixels(figures.stimulus(-np.ones((20, 20)) + 1e-9 * np.eye(20), tmp_path / "d.png")).mean(axis=2)
+    ys, xs = np.nonzero(np.abs(gray - dark) > 0.5)
+    # the square's bounding box, relative to the image's (the only place where the two differ)
+    assert len(ys) > 0
+    h, w = ys.max() + 1 - ys.min(), xs.max() + 1 - xs.min()
+    assert abs(h / w - 1.0) < 0.15  # a square stays a square
+    assert gray[ys, xs].mean() > 0.9  # and is drawn white
