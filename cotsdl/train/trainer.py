@@ -10,7 +10,6 @@ stage, look at the weights, change the learning rate or ``lam``, continue.
 from __future__ import annotations
 
 import copy
-import json
 import sys
 import time
 from pathlib import Path
@@ -26,14 +25,16 @@ from ..array.distarray import DistArray
 from ..array.grid import split_replicas
 from ..io import checkpoint
 from ..io.input_lcn import InputLCN
-from ..nn.network import Network, project_norm, unit_gain_norm
+from ..nn.network import Network, project_norm
 from ..nn.plan import NetworkPlan
 from ..nn import stage_stats as monitor
 from . import allreduce, resume
 from .objective import StageObjective
 from .optim import Optimizer
 from .schedules import describe as schedules_describe
+from .norms import stage_norms
 from .state import TrainState
+from .steplog import StepLog
 
 
 class TrainingInterrupted(Exception):
@@ -88,7 +89,7 @@ class GreedyTrainer:
         initialized at it and projected back after every update (as reconstruction
         ICA does), so that the sparsity penalty cannot be paid off by shrinking the
         weights.  One value for every stage, or one per stage; None: unconstrained.
-        ``"auto"`` is :data:`AUTO_NORM_FRACTION` of ``nn.network.unit_gain_norm``, the
+        ``"auto"`` is :data:`train.norms.AUTO_NORM_FRACTION` of ``nn.network.unit_gain_norm``, the
         norm at which the stage's reconstruction has gain 1.
     overwrite : bool
         Allow a new run in a ``checkpoint_dir`` that holds checkpoints already (refused
@@ -107,7 +108,7 @@ class GreedyTrainer:
                  overwrite: bool = False, overlap: bool = True,
                  filter_norm: float | Sequence[float | None] | None = None):
         err = None
-        norms, norm_err = _stage_norms(filter_norm, network)
+        norms, norm_err = stage_norms(filter_norm, network)
         if tuple(getattr(data, "image_shape", ())) != network.input_shape:
             err = f"the data's images are {getattr(data, 'image_shape', None)}, the network takes {network.input_shape}"
         elif not isinstance(optimizer, Optimizer):
@@ -160,13 +161,13 @@ class GreedyTrainer:
         self._saved_step = -1
         self.max_bad_steps = int(max_bad_steps)
         self.checkpoint_dir, self.checkpoint_every, self.keep = checkpoint_dir, int(checkpoint_every), int(keep)
-        self.log_every, self.metrics_file, self._log = int(log_every), metrics_file, log
+        self.log_every = int(log_every)
+        self.steplog = StepLog(log, metrics_file, comm.Get_rank() == 0)
         self.history: list[dict[str, Any]] = []
         #: End-of-stage filter diagnostics by stage (``nn.stage_stats.stage_stats``)
         self.stage_stats: dict[int, dict[str, float]] = {}
         self._w0: tuple[int, Any] | None = None  # (stage, this rank's initial weights of it)
         self.should_stop = should_stop
-        self._is_root = comm.Get_rank() == 0
 
     @staticmethod
     def _checkpoint_bytes(network: Network, optimizer: Optimizer, dtype: np.dtype, tied: bool) -> int:
@@ -200,8 +201,7 @@ class GreedyTrainer:
         return gather(DistArray(grid_comm, shape, box, box, data=self.params[li]), root=root)
 
     def _say(self, msg: str) -> None:
-        if self._is_root:
-            print(msg, file=self._log, flush=True)
+        self.steplog.say(msg)
 
     # -- one step -----------------------------------------------------------------
     def _stage_input(self, stage: int) -> DistArray:
@@ -317,19 +317,16 @@ class GreedyTrainer:
                 rec.update(self._finish_stage(stage), filter_stats=True)
             if self.log_every and (self.stage_step % self.log_every == 0 or last
                                    or self.stage_step == 1):  # a stage's first loss, to compare with
-                good = [r for r in window if not r["skipped"]] or window
-                for key in ("loss", "reconstruction", "sparsity", "recon_rel", "pooled"):  # one minibatch is noisy
-                    rec[f"{key}_mean"] = float(np.mean([r[key] for r in good]))
-                rec["mean_over"] = len(good)
+                self.steplog.add_means(rec, window)
                 li = self.filter_layers[stage]
                 if not last:  # (the diagnostics above hold these)
                     rec.update(monitor.log_stats(self.plan, self.params[li], self._initial(stage)))
                 if not self.tied:  # the decoder may grow where the encoder shrinks: watch both
                     rec["decoder_median_norm"] = monitor.median_norm(self.plan, self.decoders[li])
                 window = []
-                self._report(rec)
-            elif self._is_root and hasattr(self._log, "isatty") and self._log.isatty():
-                print(f"\rstage {stage} step {self.stage_step} loss {rec['loss']:.4g}", end="", file=self._log)
+                self.steplog.report(rec)
+            else:
+                self.steplog.progress(rec)
             if self.checkpoint_dir and self.checkpoint_every and self.step % self.checkpoint_every == 0:
                 if self.bad_in_row:
                     self._say(f"checkpoint at step {self.step} skipped: the last step was not finite")
@@ -387,25 +384,6 @@ class GreedyTrainer:
         if self.checkpoint_dir and self._saved_step != self.step:
             self.save()
 
-    def _report(self, rec: dict[str, Any]) -> None:
-        comp = max(rec["seconds"] - rec["exchange_seconds"], 0.0)
-        mean = f", mean of {rec['mean_over']} steps {rec['loss_mean']:.5g}" if rec.get("mean_over", 1) > 1 else ""
-        self._say(f"stage {rec['stage']} step {rec['stage_step']} (global {rec['step']}): loss {rec['loss']:.5g} "
-                  f"(reconstruction {rec['reconstruction']:.5g}, sparsity {rec['sparsity']:.5g}{mean}); "
-                  f"{rec['images_per_s']:.1f} images/s; compute {comp * 1e3:.1f} ms, exchange "
-                  f"{rec['exchange_seconds'] * 1e3:.1f} ms; lr {rec['lr']:.3g}")
-        self._write_metrics(rec)
-
-    def _write_metrics(self, rec: dict[str, Any]) -> None:
-        if self.metrics_file and self._is_root:
-            try:
-                with open(self.metrics_file, "a") as f:
-                    f.write(json.dumps(rec) + "\n")
-            except OSError as e:  # rank 0 alone: warn and stop writing rather than leave the others waiting
-                print(f"warning: cannot append to {self.metrics_file} ({e.strerror}); metrics are no longer written",
-                      file=sys.stderr, flush=True)
-                self.metrics_file = None
-
     # -- checkpoints ----------------------------------------------------------------
     def settings(self) -> dict[str, Any]:
         """What a checkpoint records besides the state: the run's settings and what its input is."""
@@ -454,7 +432,7 @@ class GreedyTrainer:
         saved_opt = resume.saved_optimizer(meta)
         network = Network.from_description(meta["network"])
         saved_norms = meta.get("filter_norm") or [None] * len(network.stages)
-        norms, err = (saved_norms, None) if filter_norm is None else _stage_norms(filter_norm, network)
+        norms, err = (saved_norms, None) if filter_norm is None else stage_norms(filter_norm, network)
         raise_collectively(comm, err or resume.filter_norm_error(saved_norms, norms, meta["stage"]))
         kw.setdefault("checkpoint_dir", str(p.parent))
         kw["overwrite"] = True  # the same run, continued
@@ -477,31 +455,3 @@ class GreedyTrainer:
                                    changes_from):
             tr._say(f"  {line}")
         return tr
-
-
-#: ``filter_norm = "auto"``: this fraction of the unit-gain norm, a reconstruction gain of
-#: 0.16.  Measured on 7x7 first-stage filters of the bundled photographs (README, "Training
-#: that learns"): at gain 0.16 the filters became localized edges and bars (Gabor fits
-#: explaining >= 50% of the variance for nearly all), at gain ~1 they stayed noisy.
-AUTO_NORM_FRACTION = 0.4
-
-
-def _stage_norms(filter_norm: Any, network: Network) -> tuple[list[float | None], str | None]:
-    """``filter_norm`` as one entry per stage (None: unconstrained; "auto" resolved), or the error."""
-    stages = len(network.stages)
-    if filter_norm is None:
-        return [None] * stages, None
-    many = isinstance(filter_norm, (list, tuple))
-    norms = list(filter_norm) if many else [filter_norm] * stages
-    if len(norms) != stages:
-        return [None] * stages, f"filter_norm needs one entry per stage ({stages}), got {len(norms)}"
-    for k, v in enumerate(norms):
-        if v == "auto":
-            li = network.filter_layers()[k]
-            norms[k] = AUTO_NORM_FRACTION * unit_gain_norm(network.layers[li], network.shapes[li][2])
-    for v in norms:
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer))
-                              or not 0 < float(v) < float("inf")):
-            return [None] * stages, (f"filter_norm must be a positive number, \"auto\" or None per stage, "
-                                     f"got {filter_norm!r}")
-    return [None if v is None else float(v) for v in norms], None

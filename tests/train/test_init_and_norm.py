@@ -102,7 +102,7 @@ def test_bad_filter_norm_is_refused(bad):
 
 
 def test_auto_norm_is_a_fixed_fraction_of_the_unit_gain_norm_per_stage():
-    from cotsdl.train.trainer import AUTO_NORM_FRACTION
+    from cotsdl.train.norms import AUTO_NORM_FRACTION
     net = Network.from_description(NET)
     imgs = np.random.default_rng(0).standard_normal((16, 16, 16, 1))
     tr = GreedyTrainer(net, InMemorySource(imgs), Adam(0.01), comm=MPI.COMM_SELF, batch=4, log_every=0,

@@ -1,0 +1,55 @@
+"""What the trainer says about its steps: rank 0's log lines, the progress line and ``metrics.jsonl``."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import numpy as np
+
+#: Loss terms averaged over the steps since the last log line (one minibatch is noisy).
+MEAN_KEYS = ("loss", "reconstruction", "sparsity", "recon_rel", "pooled")
+
+
+class StepLog:
+    """Rank 0 writes (``is_root``); elsewhere every call is silent."""
+
+    def __init__(self, stream: Any, metrics_file: str | None, is_root: bool):
+        self.stream, self.metrics_file, self.is_root = stream, metrics_file, is_root
+
+    def say(self, msg: str) -> None:
+        if self.is_root:
+            print(msg, file=self.stream, flush=True)
+
+    def progress(self, rec: dict[str, Any]) -> None:
+        """The one-line progress of a step not logged (terminals only)."""
+        if self.is_root and hasattr(self.stream, "isatty") and self.stream.isatty():
+            print(f"\rstage {rec['stage']} step {rec['stage_step']} loss {rec['loss']:.4g}", end="", file=self.stream)
+
+    @staticmethod
+    def add_means(rec: dict[str, Any], window: list[dict[str, Any]]) -> None:
+        """``<key>_mean`` over the finite steps of ``window`` (the steps since the last log line)."""
+        good = [r for r in window if not r["skipped"]] or window
+        for key in MEAN_KEYS:
+            rec[f"{key}_mean"] = float(np.mean([r[key] for r in good]))
+        rec["mean_over"] = len(good)
+
+    def report(self, rec: dict[str, Any]) -> None:
+        """The log line of a step, and its metrics record."""
+        comp = max(rec["seconds"] - rec["exchange_seconds"], 0.0)
+        mean = f", mean of {rec['mean_over']} steps {rec['loss_mean']:.5g}" if rec.get("mean_over", 1) > 1 else ""
+        self.say(f"stage {rec['stage']} step {rec['stage_step']} (global {rec['step']}): loss {rec['loss']:.5g} "
+                 f"(reconstruction {rec['reconstruction']:.5g}, sparsity {rec['sparsity']:.5g}{mean}); "
+                 f"{rec['images_per_s']:.1f} images/s; compute {comp * 1e3:.1f} ms, exchange "
+                 f"{rec['exchange_seconds'] * 1e3:.1f} ms; lr {rec['lr']:.3g}")
+        self.write(rec)
+
+    def write(self, rec: dict[str, Any]) -> None:
+        if self.metrics_file and self.is_root:
+            try:
+                with open(self.metrics_file, "a") as f:
+                    f.write(json.dumps(rec) + "\n")
+            except OSError as e:  # rank 0 alone: warn and stop writing rather than leave the others waiting
+                print(f"warning: cannot append to {self.metrics_file} ({e.strerror}); metrics are no longer written",
+                      file=sys.stderr, flush=True)
+                self.metrics_file = None
