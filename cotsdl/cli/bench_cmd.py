@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..backend import BACKENDS
+
 
 def add_parser(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks (print a table; --json writes the numbers)")
@@ -28,7 +30,7 @@ def add_parser(sub) -> None:
     em.add_argument("--json", metavar="FILE", help="write the results as JSON")
     la = bsub.add_parser("layers", help="filter/pool/LCN speed of the numpy backend vs the same run's sgemm")
     la.add_argument("--repeats", type=int, default=10)
-    la.add_argument("--backend", choices=["numpy", "cuda", "cuda-emu"], default="numpy",
+    la.add_argument("--backend", choices=list(BACKENDS), default="numpy",
                     help="numpy (CPU), cuda (GPU kernels through CuPy) or cuda-emu (the kernels on the emulator)")
     la.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     la.add_argument("--threads", type=int, help="threads of the numpy backend (default: all cores)")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..backend import BACKENDS
 from ..checks import REQUIRED, Param
 from ..train import optim, schedules
 
@@ -169,7 +170,7 @@ SCHEMA: dict[str, Any] = {
               "max_bad_steps": Key(integer(1), 5, "consecutive non-finite steps before stopping"),
               "optimizer": "optimizer", "schedule": "schedule"},
     "run": {"folder": Key(string, doc="the run folder (checkpoints, metrics, log)"),
-            "backend": Key(choice("auto", "numpy", "cuda", "cuda-emu"), "auto"),
+            "backend": Key(choice("auto", *BACKENDS), "auto"),
             "threads": Key(integer(0), 0, "threads of the numpy backend per rank (0: cores / ranks per node)")},
 }
 

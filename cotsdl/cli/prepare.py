@@ -13,6 +13,7 @@ no face of the evaluation set is in the training set.
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 import time
 
@@ -31,18 +32,31 @@ def _non_negative(text: str) -> int:
     return v
 
 
+#: The dataset builders of ``cotsdl.io.builders``: name -> what it makes.  The one list: the
+#: parser, its usage line and the dispatch come from here (a builder's options are the
+#: keyword arguments of its function, by name).
+BUILDERS = {
+    "natural": "random crops of scikit-image's bundled photographs (unlabeled)",
+    "faces": "labeled evaluation set: views of held-out LFW faces (1) vs LFW non-faces, held-out photo crops, "
+             "phase-scrambled faces and crops matched to a face's mean and contrast (0)",
+    "folder": "a folder of your own images",
+    "synthetic": "small generated images (blobs and gratings) for tests",
+    "resize": "another dataset file at another image size (labels kept)",
+}
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``prepare-data`` subcommand (and its builders) to an argparse ``subparsers``."""
     p = subparsers.add_parser("prepare-data", help="build an HDF5 image dataset (natural, faces, folder, synthetic) "
                               "or add per-image statistics to one",
                               description="Build an HDF5 image dataset on one process (no MPI), or add per-image "
                               "statistics to one.")
-    sub = p.add_subparsers(dest="builder", required=True, metavar="{natural,faces,folder,synthetic,resize,stats}")
+    sub = p.add_subparsers(dest="builder", required=True, metavar="{" + ",".join([*BUILDERS, "stats"]) + "}")
 
-    def builder(name: str, help: str, count: bool = False, seed: bool = True, mode: bool = True):
-        b = sub.add_parser(name, help=help, description=help)
+    def builder(name: str, count: bool = False, seed: bool = True, mode: bool = True):
+        b = sub.add_parser(name, help=BUILDERS[name], description=BUILDERS[name])
         if name == "folder":
-            b.add_argument("src", metavar="SRC", help="folder of PNG/JPEG images (sorted by name, not recursive)")
+            b.add_argument("src_folder", metavar="SRC", help="folder of PNG/JPEG images (sorted by name, not recursive)")
         b.add_argument("out", metavar="OUT", help="the HDF5 file to write (replaced only when complete)")
         if count:
             b.add_argument("--count", type=_positive, required=True, metavar="N", help="number of images")
@@ -62,7 +76,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         b.add_argument("--mixable", type=_non_negative, default=50, metavar="M",
                        help="LFW faces that may go into training data; the other 100-M are held out (default 50)")
 
-    n = builder("natural", "random crops of scikit-image's bundled photographs (unlabeled)", count=True)
+    n = builder("natural", count=True)
     n.add_argument("--scale", type=float, nargs=2, metavar=("LO", "HI"), default=[0.5, 1.0],
                    help="crop side as a fraction of the photo's shorter side (default 0.5 1.0)")
     n.add_argument("--no-flip", dest="flip", action="store_false", help="no random horizontal flips")
@@ -74,8 +88,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     n.add_argument("--no-faces", action="store_true",
                    help="leave out every face (the photographs that show one): the no-face control's training set")
     face_split_options(n)
-    f = builder("faces", "labeled evaluation set: views of held-out LFW faces (1) vs LFW non-faces, held-out photo "
-                "crops, phase-scrambled faces and crops matched to a face's mean and contrast (0)")
+    f = builder("faces")
     face_split_options(f)
     f.add_argument("--views", type=_positive, default=8, metavar="V",
                    help="augmented views of each held-out face (default 8: 400 faces with --mixable 50)")
@@ -87,14 +100,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="face views with random Fourier phases, same amplitude spectrum (default 100)")
     f.add_argument("--matched-crops", type=_non_negative, default=100, metavar="K",
                    help="held-out photo crops given the mean and contrast of a random face view (default 100)")
-    builder("folder", "a folder of your own images", seed=False)
-    s = builder("synthetic", "small generated images (blobs and gratings) for tests", count=True, mode=False)
+    builder("folder", seed=False)
+    s = builder("synthetic", count=True, mode=False)
     s.add_argument("--dtype", choices=["float32", "uint8"], default="float32")
     s.add_argument("--labels", action="store_true", help="store labels (1 = the image has a grating)")
-    r = sub.add_parser("resize", help="another dataset file at another image size (labels kept)",
+    r = sub.add_parser("resize", help=BUILDERS["resize"],
                        description="Write a copy of a dataset file at another image size, for a network whose "
                                    "input differs from the file's images (labels kept; uint8 stays uint8).")
-    r.add_argument("src", metavar="SRC", help="the dataset file to convert")
+    r.add_argument("src_path", metavar="SRC", help="the dataset file to convert")
     r.add_argument("out", metavar="OUT", help="the HDF5 file to write (replaced only when complete)")
     r.add_argument("--size", type=_positive, nargs=2, metavar=("H", "W"), required=True, help="image size")
     r.add_argument("--channels", type=int, choices=[1, 3], help="1 or 3 (default: as in SRC)")
@@ -110,25 +123,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _build(args) -> str:
     from ..io import builders  # noqa: PLC0415 - h5py only when the command runs
 
-    common = {"size": args.size, "channels": getattr(args, "channels", 1),  # resize: None keeps them
-              "compression": None if getattr(args, "compression", "none") == "none" else args.compression}
-    if args.builder == "natural":
-        builders.natural(args.out, args.count, seed=args.seed, scale=args.scale, flip=args.flip,
-                         mix_faces=args.mix_faces, face_split_seed=args.face_split_seed, mixable=args.mixable,
-                         mode=args.mode, no_faces=args.no_faces, face_fraction=args.face_fraction, **common)
-    elif args.builder == "faces":
-        builders.faces(args.out, seed=args.seed, face_split_seed=args.face_split_seed, mixable=args.mixable,
-                       views=args.views, lfw_nonfaces=args.lfw_nonfaces, photo_crops=args.photo_crops,
-                       phase_scrambled=args.phase_scrambled, matched_crops=args.matched_crops, mode=args.mode,
-                       **common)
-    elif args.builder == "folder":
-        builders.folder(args.out, args.src, mode=args.mode, **common)
-    elif args.builder == "resize":
-        builders.resize(args.out, args.src, mode=args.mode, **common)
-    elif args.builder == "synthetic":
-        builders.synthetic(args.out, args.count, seed=args.seed, dtype=args.dtype, labels=args.labels, **common)
-    else:  # pragma: no cover - argparse allows only the builders above
-        raise ValueError(f"unknown builder {args.builder!r}")
+    fn = getattr(builders, args.builder)
+    kw = {k: v for k, v in vars(args).items() if k in inspect.signature(fn).parameters and k != "path"}
+    kw["compression"] = None if getattr(args, "compression", "none") == "none" else args.compression
+    fn(args.out, **kw)
     return args.out
 
 
