@@ -27,10 +27,23 @@ def add_parser(sub) -> None:
                     "'mpiexec -n P python -m mpi4py -m cotsdl train CONFIG'. Re-running the same command resumes "
                     f"from the run folder's last checkpoint. On SIGTERM/SIGUSR1 every rank checkpoints at the next "
                     f"step and exits {EXIT_REQUEUE} (requeue). Exit statuses: 0 done, 2 bad config or data, "
-                    f"{EXIT_REQUEUE} checkpointed on a signal, 1 training failed.")
+                    f"{EXIT_REQUEUE} checkpointed on a signal, 1 training failed.",
+        epilog=_registries())
     p.add_argument("config", help="TOML config (see README.md, 'Config files')")
     p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a config key, e.g. --set train.steps=[50,50,50] --set network.stages[0].filter.channels=8")
+
+
+def _registries() -> str:
+    """The optimizers and schedules a config may name (from their registries)."""
+    from ..train import optim, schedules  # noqa: PLC0415 - no MPI
+
+    def keys(table):
+        return "; ".join(f"{name} ({', '.join(params) or 'no keys'})" for name, (_, params) in table.items())
+
+    return (f"train.optimizer.kind: {keys(optim.OPTIMIZERS)}; every optimizer also takes "
+            f"{', '.join(optim.COMMON)}. train.schedule.kind: {keys(schedules.SCHEDULES)}; every schedule also "
+            f"takes {', '.join(schedules.COMMON)}.")
 
 
 class _Tee:

@@ -94,3 +94,27 @@ def test_file_errors(tmp_path):
     (tmp_path / "norun.toml").write_text(text)
     with pytest.raises(config.ConfigError, match=r"norun.toml: run.folder is required"):
         config.load(tmp_path / "norun.toml")
+
+
+def test_optimizers_and_schedules_come_from_their_registries():
+    """One list each: the config's kinds and keys, its errors, ``cotsdl train --help`` and the constructors'
+    ranges are the registries' (train.optim.OPTIMIZERS, train.schedules.SCHEDULES, checks.Param)."""
+    import subprocess
+    import sys
+
+    from cotsdl.train import optim, schedules
+
+    assert set(config.OPTIMIZER_KEYS) == set(optim.OPTIMIZERS)
+    assert set(config.SCHEDULE_KEYS) == set(schedules.SCHEDULES)
+    with pytest.raises(config.ConfigError) as bad:
+        config.load(DEMO, ["train.optimizer.kind=adamw"])
+    assert all(f'"{k}"' in str(bad.value) for k in optim.OPTIMIZERS)
+    # a range is written once: the config and the constructor say the same
+    with pytest.raises(config.ConfigError, match=r"train.optimizer.momentum = 1.0: must be a number >= 0 and < 1"):
+        config.load(DEMO, ["train.optimizer={kind = \"momentum\", momentum = 1.0}"])
+    with pytest.raises(ValueError, match=r"momentum must be a number >= 0 and < 1, got 1.0"):
+        optim.Momentum(0.01, momentum=1.0)
+    text = subprocess.run([sys.executable, "-m", "cotsdl", "train", "--help"], capture_output=True, text=True).stdout
+    flat = " ".join(text.split())
+    for name, (_, keys) in {**optim.OPTIMIZERS, **schedules.SCHEDULES}.items():
+        assert f"{name} ({', '.join(keys) or 'no keys'})" in flat, name
