@@ -88,7 +88,7 @@ class ProcessGrid:
 
 
 @dataclass
-class HybridLayout:
+class Decomposition:
     """This rank's place in ``replicas x grid``.
 
     Attributes
@@ -114,7 +114,7 @@ class HybridLayout:
 
 
 def split_replicas(comm: MPI.Comm, replicas: int = 1, dims: Sequence[int] | None = None,
-                   extent: Sequence[int] | None = None) -> HybridLayout:
+                   extent: Sequence[int] | None = None) -> Decomposition:
     """Split ``comm`` into ``replicas`` model groups of equal size.
 
     Consecutive ranks form one group, so that a group sits on as few nodes as
@@ -133,7 +133,7 @@ def split_replicas(comm: MPI.Comm, replicas: int = 1, dims: Sequence[int] | None
     grid = ProcessGrid(model, dims, extent)
     model.Free()  # the grid holds its own Cartesian communicator
     replica_comm = comm.Split(color=rank % group, key=rank)
-    return HybridLayout(grid=grid, replica_comm=replica_comm, replica=rank // group, replicas=replicas)
+    return Decomposition(grid=grid, replica_comm=replica_comm, replica=rank // group, replicas=replicas)
 
 
 def _node_local(comm: MPI.Comm) -> tuple[int, int]:

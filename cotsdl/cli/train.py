@@ -331,7 +331,7 @@ def _train(spec: RunSpec, data, meta, backend_name, guard, comm, t_start) -> int
             tr = GreedyTrainer.resume(str(ckdir), data, tc.make_optimizer(), comm=comm, batch=dc.batch,
                                       replicas=pc.replicas, grid=grid, lam=tc.lam, filter_norm=tc.filter_norm,
                                       changes_from="config", **common)
-        say(f"grid {tr.layout.grid.dims[0]}x{tr.layout.grid.dims[1]} x {tr.replicas} replica(s)")
+        say(f"grid {tr.decomposition.grid.dims[0]}x{tr.decomposition.grid.dims[1]} x {tr.replicas} replica(s)")
         tr.train(steps)
     except TrainingInterrupted as e:
         sig = comm.allreduce(guard.received or 0, op=MPI.MAX)
@@ -352,7 +352,7 @@ def _report(folder: Path, network, tr, backend_name: str, ranks: int, wall: floa
     summary["filter_diagnostics"] = _filter_diagnostics(folder, tr.stage_stats)
     summary.update({"run": str(folder), "config": str(folder / "config.toml"), "step": tr.step,
                     "checkpoint": str(tr.latest_checkpoint()), "ranks": ranks,
-                    "grid": list(tr.layout.grid.dims), "replicas": tr.replicas, "backend": backend_name})
+                    "grid": list(tr.decomposition.grid.dims), "replicas": tr.replicas, "backend": backend_name})
     try:
         write_atomic(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
     except OSError as e:

@@ -1,8 +1,8 @@
 """Layer objects: hyper-parameters, shapes, receptive-field maps, costs, local compute.
 
 A layer maps an (H, W, C, N) input to an (H', W', K, N) output.  Its output is
-partitioned over the process grid in *units* (filter sites, pooling windows,
-pixels), each unit writing a ``block`` of output pixels; its receptive-field map
+partitioned over the process grid in *sites* (filter receptive fields, pooling windows,
+pixels), each site writing a ``block`` of output pixels; its receptive-field map
 gives the input window an output box needs.  ``forward_local``/``backward_local``
 compute on a rank's input window and owned output box with :mod:`cotsdl.ops`;
 they know nothing of MPI except the ``allreduce`` callable they are handed.
@@ -64,15 +64,15 @@ class LocalFilter:
     def unit_block(self) -> tuple[int, int]:
         return self.block
 
-    def units(self, in_shape) -> tuple[int, int]:
+    def sites(self, in_shape) -> tuple[int, int]:
         return self.rf.sites(in_shape[:2])
 
     def out_shape(self, in_shape) -> tuple[int, ...]:
-        sh, sw = self.units(in_shape)
+        sh, sw = self.sites(in_shape)
         return (sh * self.block[0], sw * self.block[1], self.channels) + tuple(in_shape[3:])
 
     def weight_shape(self, in_shape) -> tuple[int, ...]:
-        sh, sw = self.units(in_shape)
+        sh, sw = self.sites(in_shape)
         return (sh, sw, self.block[0] * self.block[1] * self.channels, self.size[0], self.size[1], in_shape[2])
 
     def cost(self, in_shape, itemsize: int = 4) -> dict[str, costs.Cost]:
@@ -123,11 +123,11 @@ class L2Pool:
 
     unit_block = (1, 1)
 
-    def units(self, in_shape) -> tuple[int, int]:
+    def sites(self, in_shape) -> tuple[int, int]:
         return self.rf.sites(in_shape[:2])
 
     def out_shape(self, in_shape) -> tuple[int, ...]:
-        return tuple(self.units(in_shape)) + tuple(in_shape[2:])
+        return tuple(self.sites(in_shape)) + tuple(in_shape[2:])
 
     def cost(self, in_shape, itemsize: int = 4) -> dict[str, costs.Cost]:
         H, W, C, N = in_shape
@@ -166,7 +166,7 @@ class LCN:
 
     unit_block = (1, 1)
 
-    def units(self, in_shape) -> tuple[int, int]:
+    def sites(self, in_shape) -> tuple[int, int]:
         return tuple(in_shape[:2])  # type: ignore[return-value]
 
     def out_shape(self, in_shape) -> tuple[int, ...]:

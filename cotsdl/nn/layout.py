@@ -1,7 +1,7 @@
 """Where every layer of a network lives on a process grid: pure index arithmetic, no MPI.
 
 For one rank (grid ``dims``, its ``coords``) and a minibatch of ``batch`` images: the
-rank's block of the input images, and for every layer the units (sites) it owns, the
+rank's block of the input images, and for every layer the sites it owns, the
 output box they write, and the input window their receptive fields need.  The
 network plan builds its exchanges from this; the run planner evaluates it for every
 rank without starting MPI.
@@ -18,7 +18,7 @@ from .network import Network
 
 @dataclass(frozen=True)
 class LayerBoxes:
-    """One layer on one rank (4-D boxes over (H, W, C, N), ``sites`` 2-D over units)."""
+    """One layer on one rank (4-D boxes over (H, W, C, N), ``sites`` 2-D over the site grid)."""
 
     index: int
     layer: Any
@@ -27,7 +27,7 @@ class LayerBoxes:
     src_owned: Box  # what this rank owns of the layer's input
     window: Box  # the input window this rank needs
     out: Box  # the output box this rank owns
-    sites: Box  # the units this rank owns
+    sites: Box  # the sites this rank owns (receptive-field positions)
 
 
 def layout(network: Network, dims: Sequence[int], coords: Sequence[int], batch: int) -> tuple[Box, list[LayerBoxes]]:
@@ -37,17 +37,17 @@ def layout(network: Network, dims: Sequence[int], coords: Sequence[int], batch: 
     src, rows = input_owned, []
     for li, layer in enumerate(network.layers):
         out_shape = tuple(layer.out_shape(in_shape))
-        UH, UW = layer.units(in_shape)
+        UH, UW = layer.sites(in_shape)
         (u0, u1), (v0, v1) = block_range(UH, dims[0], coords[0]), block_range(UW, dims[1], coords[1])
-        units = Box((u0, v0), (u1, v1))
-        out = unit_output_box(layer, units, out_shape)
-        rows.append(LayerBoxes(li, layer, in_shape, out_shape, src, layer.rf.input_box(out, in_shape), out, units))
+        sites = Box((u0, v0), (u1, v1))
+        out = site_output_box(layer, sites, out_shape)
+        rows.append(LayerBoxes(li, layer, in_shape, out_shape, src, layer.rf.input_box(out, in_shape), out, sites))
         src, in_shape = out, out_shape
     return input_owned, rows
 
 
-def split_units(layer: Any, in_shape: Sequence[int], sites: Box, ready: Box) -> tuple[Box, list[Box]]:
-    """The units of ``sites`` (2-D) whose inputs lie inside ``ready`` (4-D; the part of the input
+def split_sites(layer: Any, in_shape: Sequence[int], sites: Box, ready: Box) -> tuple[Box, list[Box]]:
+    """The sites of ``sites`` (2-D) whose inputs lie inside ``ready`` (4-D; the part of the input
     window a rank holds before any halo arrives), and the border strips that cover the rest.
 
     The interior can be computed while the halo messages travel; the strips after they
@@ -70,8 +70,8 @@ def split_units(layer: Any, in_shape: Sequence[int], sites: Box, ready: Box) -> 
     return Box((a0, b0), (a1, b1)), [s for s in strips if not s.is_empty]
 
 
-def unit_output_box(layer: Any, units: Box, out_shape: Sequence[int]) -> Box:
-    """The 4-D output box written by the 2-D box of ``units`` (all channels and images)."""
+def site_output_box(layer: Any, sites: Box, out_shape: Sequence[int]) -> Box:
+    """The 4-D output box written by the 2-D box of ``sites`` (all channels and images)."""
     bh, bw = layer.unit_block
-    return Box((units.lo[0] * bh, units.lo[1] * bw, 0, 0),
-               (units.hi[0] * bh, units.hi[1] * bw, out_shape[2], out_shape[3]))
+    return Box((sites.lo[0] * bh, sites.lo[1] * bw, 0, 0),
+               (sites.hi[0] * bh, sites.hi[1] * bw, out_shape[2], out_shape[3]))

@@ -55,7 +55,7 @@ class Network:
         self.shapes: list[tuple[int, int, int]] = [shape]
         for li, layer in enumerate(self.layers):
             s = self.shapes[-1]
-            units = layer.units(s + (1,))
+            units = layer.sites(s + (1,))
             if min(units) < 1:
                 raise ValueError(f"layer {li} ({layer.kind} of stage {self.roles[li][0]}) does not fit its input "
                                  f"{s[0]}x{s[1]}x{s[2]}: {layer}")

@@ -1,7 +1,7 @@
 """Distributed execution of a network on a process grid: one plan, forward and backward.
 
 The plan is computed once per (network, grid, minibatch size, dtype): for every
-layer the owned output box of this rank (a balanced block of the layer's units),
+layer the owned output box of this rank (a balanced block of the layer's sites),
 the input window its receptive-field map needs, and the exchange plan that fills
 that window from the owners of the previous layer's output (for layer 0, from a
 balanced block of the input images).  Forward exchanges, then computes locally;
@@ -26,7 +26,7 @@ from ..array.distarray import DistArray
 from ..array.exchange import ExchangePlan
 from ..array.grid import ProcessGrid
 from .layers import Context
-from .layout import LayerBoxes, layout, split_units, unit_output_box
+from .layout import LayerBoxes, layout, split_sites, site_output_box
 from .network import Network, init_weights
 
 
@@ -35,7 +35,7 @@ class LayerPlan(LayerBoxes):
     """A layer's boxes on this rank (:class:`~cotsdl.nn.layout.LayerBoxes`) and its exchange."""
 
     exchange: ExchangePlan | None = None
-    #: (interior units, border strips) when the forward overlaps its exchange, else None
+    #: (interior sites, border strips) when the forward overlaps its exchange, else None
     split: tuple[Box, list[Box]] | None = None
 
 
@@ -57,7 +57,7 @@ class NetworkPlan:
     """A network laid out on ``grid`` for minibatches of ``batch`` images of ``dtype``.
 
     ``overlap`` (on by default) hides halo traffic behind work: a filter or pool layer
-    computes the units whose inputs this rank already holds while its halo messages
+    computes the sites whose inputs this rank already holds while its halo messages
     travel, then the border strips; a filter's backward computes its weight gradient
     while the input gradient travels back to its owners.  Results are the same bit for
     bit either way (every unit is computed by the same per-unit arithmetic).
@@ -75,7 +75,7 @@ class NetworkPlan:
             ex = ExchangePlan(grid.comm, lb.in_shape, lb.src_owned, lb.window, self.dtype)
             split = None
             if lb.layer.kind in ("filter", "pool") and ex.messages_received:  # LCN's per-image mean is global
-                inner, strips = split_units(lb.layer, lb.in_shape, lb.sites, ex.self_box)
+                inner, strips = split_sites(lb.layer, lb.in_shape, lb.sites, ex.self_box)
                 split = (inner, strips) if not inner.is_empty else None
             self.layers.append(LayerPlan(**{f.name: getattr(lb, f.name) for f in fields(lb)}, exchange=ex, split=split))
         self.output_owned = boxes[-1].out
@@ -170,19 +170,19 @@ class NetworkPlan:
         pending = lp.exchange.start(x, win, validate=False)  # this rank's own part lands at once
         y = xp.empty(lp.out.shape, self.dtype)
         inner, strips = lp.split
-        self._forward_units(lp, win.data, y, inner, params)
+        self._forward_sites(lp, win.data, y, inner, params)
         pending.wait()
-        for units in strips:
-            self._forward_units(lp, win.data, y, units, params)
+        for sites in strips:
+            self._forward_sites(lp, win.data, y, sites, params)
         return win.data, y, None
 
-    def _forward_units(self, lp: LayerPlan, xwin: Any, y: Any, units: Box, params: dict[int, Any] | None) -> None:
-        """The output of the units ``units`` (a sub-box of ``lp.sites``) written into ``y``."""
-        out = unit_output_box(lp.layer, units, lp.out_shape)
+    def _forward_sites(self, lp: LayerPlan, xwin: Any, y: Any, sites: Box, params: dict[int, Any] | None) -> None:
+        """The output of the sites ``sites`` (a sub-box of ``lp.sites``) written into ``y``."""
+        out = site_output_box(lp.layer, sites, lp.out_shape)
         inp = lp.layer.rf.input_box(out, lp.in_shape)
         w = None
         if lp.layer.kind == "filter":  # this rank's weights are indexed by its own sites
-            w = params[lp.index][units.slices_in(lp.sites)]
+            w = params[lp.index][sites.slices_in(lp.sites)]
         part, _ = lp.layer.forward_local(xwin[inp.slices_in(lp.window)],
                                          Context(lp.in_shape, inp, out, self._allreduce, w))
         y[out.slices_in(lp.out)] = part

@@ -67,7 +67,7 @@ def layer_counts(network: Network, batch: int, dims: Sequence[int], itemsize: in
     for li, layer in enumerate(network.layers):
         first = rows[0][li]
         owned, windows = [r[li].src_owned for r in rows], [r[li].window for r in rows]
-        units = math.prod(layer.units(first.in_shape))
+        units = math.prod(layer.sites(first.in_shape))
         whole = layer.cost(first.in_shape, itemsize)
         arr = lambda: np.zeros(G)  # noqa: E731
         sent, recv, local, ms, mr = arr(), arr(), arr(), arr(), arr()

@@ -37,7 +37,7 @@ def find_checkpoint(path: Path, comm: MPI.Comm) -> tuple[Path, list[str]]:
     return found, skipped
 
 
-def choose_layout(meta: dict[str, Any], comm: MPI.Comm, batch: int | None, replicas: int | None,
+def choose_decomposition(meta: dict[str, Any], comm: MPI.Comm, batch: int | None, replicas: int | None,
                   grid: Sequence[int] | None) -> tuple[int, int, Sequence[int] | None]:
     """(batch, replicas, grid) on the ranks of ``comm``: the saved layout when the rank count is the
     saved one (a bitwise-identical continuation), else as :meth:`GreedyTrainer.resume` documents."""

@@ -148,8 +148,8 @@ class GreedyTrainer:
             raise_collectively(comm, checkpoint.destination_error(checkpoint_dir, need)
                                if comm.Get_rank() == 0 else None, OSError)
         self.world, self.network, self.data = comm, network, data
-        self.layout = split_replicas(comm, replicas, grid, extent=network.input_shape[:2])
-        self.plan = NetworkPlan(network, self.layout.grid, int(batch), dtype, overlap=overlap)
+        self.decomposition = split_replicas(comm, replicas, grid, extent=network.input_shape[:2])
+        self.plan = NetworkPlan(network, self.decomposition.grid, int(batch), dtype, overlap=overlap)
         self.batch, self.replicas, self.lam, self.tied, self.seed = int(batch), int(replicas), float(lam), tied, int(seed)
         # With the cuda backend the weights, the optimizer state and the images live on the GPU.
         self.xp = backend.xp()
@@ -197,7 +197,7 @@ class GreedyTrainer:
         """The whole encoder weights of ``stage`` on ``root`` of the model group (None elsewhere)."""
         li = self.filter_layers[stage]
         shape, box = self.plan.weight_box(li)
-        grid_comm = self.layout.grid.comm
+        grid_comm = self.decomposition.grid.comm
         return gather(DistArray(grid_comm, shape, box, box, data=self.params[li]), root=root)
 
     def _say(self, msg: str) -> None:
@@ -205,7 +205,7 @@ class GreedyTrainer:
 
     # -- one step -----------------------------------------------------------------
     def _stage_input(self, stage: int) -> DistArray:
-        first = self.position + self.layout.replica * self.batch
+        first = self.position + self.decomposition.replica * self.batch
         err, x = None, None
         try:
             xb = self.data.read(first, self.batch, self.plan.input_owned)
@@ -237,8 +237,8 @@ class GreedyTrainer:
                 grads = {"w": dw, "w_dec": dwd}
         losses = np.array([parts.total, parts.reconstruction, parts.sparsity, parts.signal, parts.pooled])
         if self.replicas > 1:
-            grads = allreduce.average(self.layout.replica_comm, grads)
-            losses = sum_values(self.layout.replica_comm, losses) / self.replicas
+            grads = allreduce.average(self.decomposition.replica_comm, grads)
+            losses = sum_values(self.decomposition.replica_comm, losses) / self.replicas
         lr = self.optimizer.lr  # the rate of this step (the record reports it, not the next one's)
         finite = bool(np.all(np.isfinite(losses)) and all(bool(self.xp.isfinite(g).all()) for g in grads.values()))
         finite = bool(self.world.allreduce(finite, op=MPI.LAND))  # every rank skips together
@@ -283,7 +283,7 @@ class GreedyTrainer:
             raise ValueError(f"stage must be in [0, {len(self.network.stages)}), got {stage!r}")
         if self.optimizer is None or stage != self.stage:
             self.optimizer = copy.deepcopy(self.template)
-            self.optimizer.comm = self.layout.grid.comm
+            self.optimizer.comm = self.decomposition.grid.comm
             if stage != self.stage:
                 self.stage_step = 0
             self.stage = stage
@@ -303,7 +303,7 @@ class GreedyTrainer:
                 raise ValueError("epochs= needs a data source with a length (len(data)); give steps= instead")
             steps = int(np.ceil(float(epochs) * len(self.data) / (self.batch * self.replicas)))
         self._begin_stage(stage)
-        self.optimizer.comm = self.layout.grid.comm  # also for an optimizer swapped in by the user
+        self.optimizer.comm = self.decomposition.grid.comm  # also for an optimizer swapped in by the user
         objective = StageObjective(self.plan, stage, self.lam, self.tied)
         records: list[dict[str, Any]] = []
         window: list[dict[str, Any]] = []  # the steps since the last report
@@ -389,7 +389,7 @@ class GreedyTrainer:
         """What a checkpoint records besides the state: the run's settings and what its input is."""
         return {"network": self.network.describe(), "seed": self.seed, "lam": self.lam,
                 "filter_norm": self.filter_norms, "tied": self.tied, "batch": self.batch, "replicas": self.replicas,
-                "grid": list(self.layout.grid.dims), "dtype": self.plan.dtype.name,
+                "grid": list(self.decomposition.grid.dims), "dtype": self.plan.dtype.name,
                 "data": {"kind": type(self.data).__name__, "seed": getattr(self.data, "seed", None),
                          # what the network's input is: part of the model (resume and evaluation check it)
                          "input_lcn": self.data.describe() if isinstance(self.data, InputLCN) else None}}
@@ -399,7 +399,7 @@ class GreedyTrainer:
         if not self.checkpoint_dir:
             raise ValueError("no checkpoint_dir was given to the trainer")
         path = self.state.to_checkpoint(self.checkpoint_dir, self.world, self.plan, self.settings(),
-                                        writer=self.layout.replica == 0, keep=self.keep)
+                                        writer=self.decomposition.replica == 0, keep=self.keep)
         self._saved_step = self.step
         self._say(f"checkpoint {path}")
         return path
@@ -427,7 +427,7 @@ class GreedyTrainer:
         agree(comm, path=str(path), batch=batch, replicas=replicas, grid=None if grid is None else list(grid))
         p, skipped = resume.find_checkpoint(Path(path), comm)
         meta = checkpoint.read_index(p)["meta"]
-        batch, replicas, grid = resume.choose_layout(meta, comm, batch, replicas, grid)
+        batch, replicas, grid = resume.choose_decomposition(meta, comm, batch, replicas, grid)
         raise_collectively(comm, resume.template_error(meta, optimizer))
         saved_opt = resume.saved_optimizer(meta)
         network = Network.from_description(meta["network"])
@@ -441,7 +441,7 @@ class GreedyTrainer:
                  dtype=np.dtype(meta["dtype"]), **kw)
         tr.state = TrainState.from_checkpoint(p, meta, comm, tr.plan, tr.xp, tr.template, tr.tied)
         if tr.optimizer is not None:
-            tr.optimizer.comm = tr.layout.grid.comm
+            tr.optimizer.comm = tr.decomposition.grid.comm
         tr._saved_step = tr.step
         saved_seed = meta.get("data", {}).get("seed")
         if saved_seed is not None and getattr(data, "seed", saved_seed) != saved_seed:

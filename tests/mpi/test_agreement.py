@@ -38,4 +38,4 @@ def test_different_step_counts_fail_instead_of_hanging(comm):
     with pytest.raises(ValueError, match="ranks disagree on steps_per_stage"):
         tr.train([2, 2 + comm.Get_rank()])
     tr.train_stage(0, 1)  # still usable afterwards
-    tr.layout.free()
+    tr.decomposition.free()

@@ -25,14 +25,14 @@ def test_save_on_p_load_on_1_and_2(comm, tmp_path_factory):
     tr.train_stage(1, 1)
     path = tr.save()
     ref = [tr.gather_weights(k) for k in range(2)]
-    tr.layout.free()
+    tr.decomposition.free()
     ok = True
     # one rank alone
     if comm.Get_rank() == 0:
         one = GreedyTrainer.resume(path, tr.data, Adam(0.01), comm=MPI.COMM_SELF, log=open("/dev/null", "w"))
         ok = all(np.array_equal(one.gather_weights(k), ref[k]) for k in range(2))
         ok = ok and (one.stage, one.stage_step, one.step) == (1, 1, 3) and one.optimizer.t == 1
-        one.layout.free()
+        one.decomposition.free()
     # two ranks, in a 1x2 grid
     sub = comm.Split(0 if comm.Get_rank() < 2 else MPI.UNDEFINED, comm.Get_rank())
     if sub != MPI.COMM_NULL and sub.Get_size() == 2:
@@ -40,7 +40,7 @@ def test_save_on_p_load_on_1_and_2(comm, tmp_path_factory):
         got = [two.gather_weights(k) for k in range(2)]
         if sub.Get_rank() == 0:
             ok = ok and all(np.array_equal(got[k], ref[k]) for k in range(2))
-        two.layout.free()
+        two.decomposition.free()
     if sub != MPI.COMM_NULL:
         sub.Free()
     assert agree(comm, ok)
@@ -70,8 +70,8 @@ def test_interrupted_write_leaves_the_previous_checkpoint(comm, tmp_path_factory
     assert not list(Path(folder).glob(".ckpt-*.partial"))  # the failed write does not keep the disk full
     again = GreedyTrainer.resume(folder, tr.data, Adam(0.01), comm=comm, log=open("/dev/null", "w"))
     assert again.step == 1
-    tr.layout.free()
-    again.layout.free()
+    tr.decomposition.free()
+    again.decomposition.free()
 
 
 def test_a_read_error_on_one_rank_stops_every_rank(comm):
@@ -86,7 +86,7 @@ def test_a_read_error_on_one_rank_stops_every_rank(comm):
     with pytest.raises(RuntimeError, match="disk gone"):
         tr.train_stage(0, 5)
     assert tr.step == 2
-    tr.layout.free()
+    tr.decomposition.free()
 
 
 def test_resume_on_the_same_ranks_keeps_the_saved_grid(comm, tmp_path_factory):
@@ -97,6 +97,6 @@ def test_resume_on_the_same_ranks_keeps_the_saved_grid(comm, tmp_path_factory):
     tr.train_stage(0, 1)
     tr.save()
     again = GreedyTrainer.resume(folder, tr.data, Adam(0.01), comm=comm, log=open("/dev/null", "w"))
-    assert again.layout.grid.dims == (1, comm.Get_size()) and again.replicas == 1
-    tr.layout.free()
-    again.layout.free()
+    assert again.decomposition.grid.dims == (1, comm.Get_size()) and again.replicas == 1
+    tr.decomposition.free()
+    again.decomposition.free()

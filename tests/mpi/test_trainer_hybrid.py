@@ -20,7 +20,7 @@ def trained(comm, replicas, grid, batch, steps=(3, 3)):
                        batch=batch, replicas=replicas, grid=grid, lam=0.2, dtype=np.float64, log_every=0)
     tr.train(list(steps))
     out = [tr.gather_weights(k) for k in range(2)]
-    tr.layout.free()
+    tr.decomposition.free()
     return out
 
 
@@ -44,7 +44,7 @@ def trained_norm(comm, replicas, grid, batch, tied):
                        filter_norm=[0.3, 0.5])
     tr.train([3, 3])
     out = [tr.gather_weights(k) for k in range(2)]
-    tr.layout.free()
+    tr.decomposition.free()
     return out
 
 

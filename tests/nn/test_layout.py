@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from cotsdl.array.box import Box
 from cotsdl.array.partition import block_box
 from cotsdl.nn.layers import L2Pool, LocalFilter
-from cotsdl.nn.layout import split_units, unit_output_box
+from cotsdl.nn.layout import split_sites, site_output_box
 
 
 @st.composite
@@ -18,7 +18,7 @@ def cases(draw):
     layer = (LocalFilter(r, s, 2, (draw(st.integers(1, 3)), draw(st.integers(1, 3)))) if kind == "filter"
              else L2Pool(r, s, 0.1))
     in_shape = (H, W, 2, 3)
-    UH, UW = layer.units(in_shape)
+    UH, UW = layer.sites(in_shape)
     dims = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
     coords = (draw(st.integers(0, dims[0] - 1)), draw(st.integers(0, dims[1] - 1)))
     sites = block_box((UH, UW), dims, coords)
@@ -33,9 +33,9 @@ def cases(draw):
 def test_interior_needs_only_ready_input_and_the_parts_tile_the_units(case):
     layer, in_shape, sites, ready = case
     out_shape = layer.out_shape(in_shape)
-    inner, strips = split_units(layer, in_shape, sites, ready)
+    inner, strips = split_sites(layer, in_shape, sites, ready)
     parts = ([inner] if not inner.is_empty else []) + strips
-    cover = np.zeros(layer.units(in_shape), int)
+    cover = np.zeros(layer.sites(in_shape), int)
     for b in parts:
         assert sites.contains(b) and not b.is_empty
         cover[b.slices_in(Box((0, 0), cover.shape))] += 1
@@ -44,7 +44,7 @@ def test_interior_needs_only_ready_input_and_the_parts_tile_the_units(case):
         want[sites.slices_in(Box((0, 0), cover.shape))] = 1
     np.testing.assert_array_equal(cover, want)  # exactly once each
     if not inner.is_empty:
-        need = layer.rf.input_box(unit_output_box(layer, inner, out_shape), in_shape)
+        need = layer.rf.input_box(site_output_box(layer, inner, out_shape), in_shape)
         assert ready.contains(Box(need.lo[:2] + ready.lo[2:], need.hi[:2] + ready.hi[2:]))
         # and it is the largest such box: one more unit on any side would need input not ready
         for a in (0, 1):
@@ -56,5 +56,5 @@ def test_interior_needs_only_ready_input_and_the_parts_tile_the_units(case):
                     hi[a] += 1
                 bigger = Box(tuple(lo), tuple(hi))
                 if sites.contains(bigger):
-                    need = layer.rf.input_box(unit_output_box(layer, bigger, out_shape), in_shape)
+                    need = layer.rf.input_box(site_output_box(layer, bigger, out_shape), in_shape)
                     assert not ready.contains(Box(need.lo[:2] + ready.lo[2:], need.hi[:2] + ready.hi[2:]))

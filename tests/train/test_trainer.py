@@ -201,7 +201,7 @@ def test_epochs_and_a_swapped_optimizer(tmp_path):
 
     tr.optimizer = LARS(0.1)
     tr.train_stage(0, 1)
-    assert tr.optimizer.comm is tr.layout.grid.comm  # norms span the model group
+    assert tr.optimizer.comm is tr.decomposition.grid.comm  # norms span the model group
     with pytest.raises(ValueError, match="exactly one of steps= and epochs="):
         tr.train_stage(0)
 
