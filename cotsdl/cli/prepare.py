@@ -146,7 +146,9 @@ def _describe(path: str) -> str:
 
 
 def run(args) -> int:
-    """Run a parsed ``prepare-data`` command; 0 on success, 2 (with a message on stderr) on bad input."""
+    """Run a parsed ``prepare-data`` command; 0 on success, 2 on bad input, 1 when the disk fails
+    (full, quota, a write error): one message on stderr either way."""
+    from ..io.atomic import DiskError  # noqa: PLC0415
     from ..io.dataset import DatasetError  # noqa: PLC0415
 
     t0 = time.perf_counter()
@@ -164,4 +166,4 @@ def run(args) -> int:
         return 0
     except (DatasetError, ValueError, OSError) as e:
         print(f"cotsdl: error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return 1 if isinstance(e, DiskError) else 2  # a write that failed is the machine's, not bad input

@@ -114,7 +114,7 @@ def _inspect_run(spec: RunSpec) -> tuple[str | None, dict | None]:
         return f"run.folder {folder} exists and is not a folder", None
     if not folder.exists():
         return None, None
-    names = {p.name for p in folder.iterdir()}
+    names = {p.name for p in folder.iterdir()} - {".lock"}  # an earlier run's lock file (released)
     if names and "config.toml" not in names:
         return (f"run.folder {folder} is not empty and holds no config.toml, so it is not a cotsdl run folder "
                 f"(it holds: {', '.join(sorted(names)[:5])}); choose another run.folder"), None
@@ -224,16 +224,34 @@ def _run(args, guard: PreemptionGuard) -> int:
     spec = run_spec.read_agreed(comm, args.config, args.set)
     _agreed(spec.parallel.error(comm.Get_size(), spec.source))
     backend_name = setup_backend(spec, comm)
-    meta, err = None, None
-    if comm.Get_rank() == 0:
-        err, meta = _inspect_run(spec)
-    meta, err = comm.bcast((meta, err))
-    _agreed(err)
-    data = open_dataset(comm, "data.file", spec.data.file, spec.network.input_shape, spec.global_batch, spec.data)
+    from ..io.runlock import RunLock  # noqa: PLC0415
+
+    lock = RunLock(spec.folder) if comm.Get_rank() == 0 else None  # rank 0 holds it for the run's life
     try:
-        return _train(spec, data, meta, backend_name, guard, comm, t_start)
+        meta, err = None, None
+        if lock is not None:
+            err, meta = _inspect_run(spec)
+            if err is None and spec.folder.is_dir():
+                err = _acquire(lock)
+                if err is None:  # again, under the lock: what no other run can change any more
+                    err, meta = _inspect_run(spec)
+        meta, err = comm.bcast((meta, err))
+        _agreed(err)
+        data = open_dataset(comm, "data.file", spec.data.file, spec.network.input_shape, spec.global_batch, spec.data)
+        try:
+            return _train(spec, data, meta, backend_name, guard, comm, t_start, lock)
+        finally:
+            data.close()
     finally:
-        data.close()
+        if lock is not None:
+            lock.release()
+
+
+def _acquire(lock) -> str | None:
+    try:
+        return lock.acquire()
+    except OSError as e:
+        return f"run.folder {lock.path.parent}: cannot lock {lock.path.name}: {e.strerror or e}"
 
 
 def open_dataset(comm, what: str, path, input_shape, batch: int | None, dc: DataSpec, labels: bool = False,
@@ -265,7 +283,7 @@ def open_dataset(comm, what: str, path, input_shape, batch: int | None, dc: Data
     return data
 
 
-def _train(spec: RunSpec, data, meta, backend_name, guard, comm, t_start) -> int:
+def _train(spec: RunSpec, data, meta, backend_name, guard, comm, t_start, lock=None) -> int:
     from mpi4py import MPI  # noqa: PLC0415
 
     from ..array.collective import raise_collectively  # noqa: PLC0415
@@ -298,6 +316,13 @@ def _train(spec: RunSpec, data, meta, backend_name, guard, comm, t_start) -> int
     if root:
         try:
             ckdir.mkdir(parents=True, exist_ok=True)
+            if lock is not None and not lock.held:  # a new run folder: locked as soon as it exists
+                err = _acquire(lock)
+        except OSError as e:
+            err = f"run.folder {folder}: cannot write: {e.strerror or e}"
+    raise_collectively(comm, err)
+    if root:
+        try:
             old = (folder / "config.toml").read_text() if (folder / "config.toml").exists() else None
             _trim_metrics(folder / "metrics.jsonl", meta["step"] if meta else 0)
             header = f"resolved config of the run in {folder} (from {source}); written by cotsdl train"

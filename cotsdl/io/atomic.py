@@ -7,6 +7,11 @@ from pathlib import Path
 from typing import IO, Callable
 
 
+class DiskError(OSError):
+    """A write that failed for the machine's reasons (a full disk, a quota, a file-size limit, an I/O
+    error): commands exit 1 with its message, where bad input exits 2.  Nothing was left half-written."""
+
+
 def write_atomic(path: str | os.PathLike, content: str | bytes | Callable[[IO[bytes]], None]) -> Path:
     """Write ``content`` (text, bytes, or a function writing to a binary file) to ``path``.
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -29,6 +30,7 @@ from typing import Iterable, Sequence
 import h5py
 import numpy as np
 
+from .atomic import DiskError
 from .augment import MATCH_MIN_STD, Augmentation, cycle as _cycle, matched_crops as _matched_crops
 from .augment import phase_scrambled_views as _phase_scrambled, to_uint8 as _to_uint8, views as _views
 from .dataset import DatasetError, DatasetWriter, image_stats, inspect, write_dataset
@@ -375,9 +377,13 @@ def resize(path: str | os.PathLike, src_path: str | os.PathLike, size: Sequence[
 def add_stats(path: str | os.PathLike, chunk: int = 256, force: bool = False) -> bool:
     """Add ``image_mean``/``image_std`` to a file that lacks them (or recompute with ``force``).
 
-    Everything is computed (reading ``chunk`` images at a time) before the file is
-    opened for writing. Returns whether the file was changed.
+    Everything is computed (reading ``chunk`` images at a time) before anything is
+    written; then a copy of the file beside it gets the statistics and replaces the
+    file by a rename.  The file is never modified in place: a full disk, a signal or
+    a crash leaves it as it was (free space for the copy is checked first).  Returns
+    whether the file was changed.
     """
+    path = Path(path)
     info = inspect(path)
     problems = [p for p in info.problems if "image_mean" not in p]
     if problems or not info.count:
@@ -389,9 +395,26 @@ def add_stats(path: str | os.PathLike, chunk: int = 256, force: bool = False) ->
         images = f["images"]
         for i in range(0, info.count, chunk):
             mean[i:i + chunk], std[i:i + chunk] = image_stats(images[i:i + chunk])
-    with h5py.File(path, "r+") as f:
-        for name, values in (("image_mean", mean), ("image_std", std)):
-            if name in f:
-                del f[name]
-            f.create_dataset(name, data=values)
+    need = path.stat().st_size + 2 * mean.nbytes + (1 << 20)
+    free = shutil.disk_usage(path.parent).free
+    if free < need:
+        raise DiskError(f"{path}: not enough free space beside it to add the statistics safely "
+                           f"({free / 2**20:.1f} MiB free, {need / 2**20:.1f} MiB needed for a copy); the file is "
+                           "unchanged")
+    tmp = path.with_name(f".{path.name}.stats-{os.getpid()}.tmp")
+    try:
+        shutil.copy2(path, tmp)
+        with h5py.File(tmp, "r+") as f:
+            for name, values in (("image_mean", mean), ("image_std", std)):
+                if name in f:
+                    del f[name]
+                f.create_dataset(name, data=values)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        raise DiskError(f"{path}: cannot add the statistics ({e.strerror or e}); the file is unchanged") from None
+    finally:
+        if tmp.exists():
+            tmp.unlink()
     return True

@@ -307,3 +307,56 @@ def test_input_lcn_cannot_change_within_a_run_and_diagnostics_survive_a_resume(s
     summary = json.loads((tmp / "r" / "summary.json").read_text())
     assert [d["stage"] for d in summary["filter_diagnostics"]] == [0, 1]  # stage 0 from the first session's log
     assert "gabor_fraction" in summary["filter_diagnostics"][0]
+
+
+@pytest.mark.timeout(300)
+def test_a_run_folder_in_use_is_refused_naming_its_holder(setup):
+    """Two trainings on one run folder would interleave their metrics and checkpoints: the second is refused."""
+    from cotsdl.io.runlock import RunLock
+
+    tmp, make = setup
+    cfg = make(steps=2)
+    assert cotsdl("train", str(cfg)).returncode == 0
+    metrics = (tmp / "run" / "metrics.jsonl").read_bytes()
+    held = RunLock(tmp / "run")  # stands in for a training that is running there
+    assert held.acquire() is None
+    try:
+        res = cotsdl("train", str(cfg), "--set", "train.steps=[4, 4]")
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.count(f"is in use by another cotsdl train: host {os.uname().nodename}, pid {os.getpid()}") == 1
+        assert "Traceback" not in res.stderr
+        assert (tmp / "run" / "metrics.jsonl").read_bytes() == metrics  # nothing was written
+    finally:
+        held.release()
+    again = cotsdl("train", str(cfg), "--set", "train.steps=[4, 4]")
+    assert again.returncode == 0 and "resumed from" in again.stdout, again.stderr
+
+
+def test_a_stale_lock_record_does_not_block(tmp_path, monkeypatch):
+    """A lock file left by a run that died is free (flock dies with its process); where the filesystem has
+    no locks, a record of a dead process on this host is stale, a live one is refused."""
+    import errno
+    import fcntl
+    import socket
+
+    from cotsdl.io import runlock
+
+    (tmp_path / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": 2 ** 22 + 7, "started": 0}))
+    lock = runlock.RunLock(tmp_path)
+    assert lock.acquire() is None and json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
+    lock.release()
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    (tmp_path / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": 2 ** 22 + 7, "started": 0}))
+    assert runlock.RunLock(tmp_path).acquire() is None  # a dead holder: stale
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": live.pid, "started": 0}))
+        err = runlock.RunLock(tmp_path).acquire()
+        assert f"pid {live.pid}" in err and "no file locks" in err and "remove" in err
+    finally:
+        live.kill()
+        live.wait()

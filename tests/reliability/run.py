@@ -315,6 +315,28 @@ def case_sigterm_one_rank(ctx):
     _interrupt_and_resume(ctx, 2, _kill_rank(1, signal.SIGTERM), 75, "stopped by SIGTERM")
 
 
+def case_second_run_on_the_same_folder(ctx):
+    """A second training started on a run folder in use is refused (naming the first) and writes
+    nothing; the first is stopped by SIGTERM, resumed, and ends bitwise as an uninterrupted run."""
+    seen = {}
+
+    def fault(job):
+        second = cotsdl_run(ctx.tmp, ["train", ctx.tmp / "c.toml"], 2, "second")
+        seen["second"] = second
+        _signal_mpiexec(signal.SIGTERM)(job)
+
+    _interrupt_and_resume(ctx, 2, fault, 75, "stopped by SIGTERM")
+    second = seen["second"]
+    check(second.rc == 2, f"the second run: exit status {second.rc}, expected 2; stderr: {second.err[-600:]}")
+    check(second.err.count("is in use by another cotsdl train: host ") == 1,
+          f"the refusal does not name the holder once: {second.err[-600:]}")
+    check("Traceback" not in second.err, f"a traceback: {second.err[-600:]}")
+    import json
+
+    steps = [json.loads(line)["step"] for line in (ctx.tmp / "run" / "metrics.jsonl").read_text().splitlines()]
+    check(steps == sorted(set(steps)), f"metrics.jsonl has interleaved or repeated steps: {steps}")
+
+
 def case_disk_full_during_checkpoint(ctx):
     ctx.data(size=16)
     cfg = ctx.config(steps=3, every=3, size=16, c0=48, c1=24)
@@ -345,6 +367,22 @@ def case_disk_full_during_checkpoint(ctx):
     again = cotsdl_run(ctx.tmp, ["train", cfg, "--set", "train.steps=[3, 6]"], name="again")
     check(again.rc == 0 and f"resumed from {ckpts[-1]}" in again.out,
           f"no resume from the intact checkpoint after the disk was freed ({again.rc}): {again.err[-600:]}")
+
+
+def case_disk_full_during_stats(ctx):
+    """prepare-data stats on a full disk: one message, exit 1, the dataset byte for byte as it was."""
+    data = ctx.tmp / "big.h5"
+    write_dataset(data, np.random.default_rng(0).integers(0, 256, (300, 32, 32), dtype=np.uint8))
+    before = snapshot(ctx.tmp)
+    limit = data.stat().st_size // 2  # the copy the statistics are written into cannot be completed
+    j = Job([PY, str(HERE / "fsize_limited.py"), str(limit), "prepare-data", "stats", str(data), "--force"],
+            ctx.tmp, "stats")
+    j.wait()
+    expect_error(ctx, j, "the file is unchanged", status=1)
+    check(not [p.name for p in ctx.tmp.iterdir() if p.name.startswith(".big.h5")], "a temporary copy is left")
+    account(ctx, before)
+    ok = cotsdl_run(ctx.tmp, ["inspect", str(data)], ranks=1, name="inspect")
+    check(ok.rc == 0, f"the dataset no longer inspects clean ({ok.rc}): {ok.out[-400:]} {ok.err[-400:]}")
 
 
 def _nonfinite(ctx, mode):
