@@ -124,7 +124,22 @@ def _inspect_run(spec: RunSpec) -> tuple[str | None, dict | None]:
             return (f"run.folder {folder}: no checkpoint can be resumed: " + "; ".join(skipped)
                     + ". Move them away to start the run again"), None
         return None, None
-    meta = checkpoint.read_index(latest)["meta"]
+    from ..train.state import META_KEYS  # noqa: PLC0415
+
+    try:
+        meta = checkpoint.read_index(latest, META_KEYS)["meta"]
+    except ValueError as e:
+        return f"run.folder {folder}: {e}", None
+    if meta["stage"] == len(spec.network.stages) - 1:  # the run may be complete: trust sums, not sizes
+        deep, _ = checkpoint.latest_verified(folder / "checkpoints", deep=True)
+        if deep is None:
+            return f"run.folder {folder}: no checkpoint verifies against its checksums", None
+        if deep != latest:  # the trainer skips the damaged ones the same way, and says so
+            latest = deep
+            try:
+                meta = checkpoint.read_index(latest, META_KEYS)["meta"]
+            except ValueError as e:
+                return f"run.folder {folder}: {e}", None
     # what defines the model cannot change within a run (lam, the optimizer's settings, steps can)
     saved = {"network": meta["network"], "train": {"tied": meta["tied"], "dtype": meta["dtype"]},
              "data": {"input_lcn": (meta.get("data") or {}).get("input_lcn")}}

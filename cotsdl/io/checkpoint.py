@@ -18,7 +18,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import h5py
 import numpy as np
@@ -151,6 +151,7 @@ def save(folder: str | os.PathLike, step: int, comm: MPI.Comm, arrays: dict[str,
             index = {"step": step, "generation": generation, "meta": meta, "shapes": shapes,
                      "pieces": [p for ps, _ in gathered for p in ps],
                      "files": {k: v for _, fs in gathered for k, v in fs.items()}}
+            index["checksum"] = _index_checksum(index)
             write_atomic(partial / "index.json", json.dumps(index, indent=1))
             _fsync_dir(partial)
             trash = None
@@ -181,19 +182,44 @@ def _recover_replaced(folder: Path) -> None:
             os.replace(trash, final)
 
 
-def read_index(path: str | os.PathLike) -> dict[str, Any]:
-    """The index of a checkpoint; ``ValueError`` naming the file when it is missing or damaged."""
+def _index_checksum(index: dict[str, Any]) -> str:
+    """SHA-256 of the index without its checksum, in a canonical form (sorted keys)."""
+    body = {k: v for k, v in index.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def read_index(path: str | os.PathLike, meta_keys: Sequence[str] = ()) -> dict[str, Any]:
+    """The index of a checkpoint, checked; ``ValueError`` naming the file and the key when it is
+    missing, damaged or edited: its checksum, its record of every shard (size and SHA-256), shard
+    names that stay inside the checkpoint folder, and the ``meta`` keys a caller needs."""
     path = Path(path) / "index.json"
     try:
-        with open(path) as f:
-            index = json.load(f)
+        with open(path, "rb") as f:
+            index = json.loads(f.read())
     except OSError as e:
         raise ValueError(f"{path}: {e.strerror or e}") from None
     except ValueError as e:
         raise ValueError(f"{path} is damaged (not JSON: {e})") from None
-    missing = [k for k in ("step", "meta", "shapes", "pieces") if not isinstance(index, dict) or k not in index]
+    missing = [k for k in ("step", "meta", "shapes", "pieces", "files") if not isinstance(index, dict) or k not in index]
     if missing:
-        raise ValueError(f"{path} is damaged (no {', '.join(missing)})")
+        raise ValueError(f"{path} is damaged or not a cotsdl checkpoint index (no {', '.join(repr(k) for k in missing)})")
+    if "checksum" in index and index["checksum"] != _index_checksum(index):  # indexes before it had none
+        raise ValueError(f"{path} does not match its checksum (damaged or edited)")
+    files, pieces = index["files"], index["pieces"]
+    if not isinstance(files, dict) or not isinstance(pieces, list) or not isinstance(index["meta"], dict):
+        raise ValueError(f"{path} is damaged ('files', 'pieces' or 'meta' has the wrong type)")
+    for i, piece in enumerate(pieces):
+        name = piece.get("file") if isinstance(piece, dict) else None
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+            raise ValueError(f"{path}: pieces[{i}].file = {name!r} is not a file name inside the checkpoint folder")
+        if name not in files or not all(k in piece for k in ("name", "lo", "hi")):
+            raise ValueError(f"{path}: pieces[{i}] ({name}) is not recorded in 'files' or lacks name/lo/hi")
+    for name, rec in files.items():
+        if not isinstance(rec, dict) or not isinstance(rec.get("size"), int) or not isinstance(rec.get("sha256"), str):
+            raise ValueError(f"{path}: files[{name!r}] must record its size and sha256")
+    absent = [k for k in meta_keys if k not in index["meta"]]
+    if absent:
+        raise ValueError(f"{path} is damaged: no {', '.join(f'meta.{k}' for k in absent)}")
     return index
 
 
@@ -217,14 +243,14 @@ def verify(path: str | os.PathLike, comm: MPI.Comm | None = None, deep: bool = T
     except ValueError as e:
         index, reason = None, str(e)
     if index is not None:
-        recorded = index.get("files", {})  # checkpoints of older versions record no sizes
+        recorded = index["files"]
         for name in sorted({p["file"] for p in index["pieces"]})[rank::size]:
             f = path / name
             if not f.is_file():
                 reason = f"shard {f} is missing"
-            elif name in recorded and f.stat().st_size != recorded[name]["size"]:
+            elif f.stat().st_size != recorded[name]["size"]:
                 reason = f"shard {f} has {f.stat().st_size} bytes, {recorded[name]['size']} were written"
-            elif name in recorded and deep and _digest(f)["sha256"] != recorded[name]["sha256"]:
+            elif deep and _digest(f)["sha256"] != recorded[name]["sha256"]:
                 reason = f"shard {f} does not match its checksum"
             if reason:
                 break

@@ -23,6 +23,9 @@ from .optim import Optimizer
 
 #: The metadata keys of the position in training (the rest of a checkpoint's meta are settings).
 POSITION_KEYS = ("stage", "stage_step", "step", "position", "skipped", "bad_in_row")
+#: What a checkpoint's meta must hold to be resumed (``skipped``, ``bad_in_row``: 0 when absent).
+META_KEYS = ("network", "seed", "lam", "tied", "batch", "replicas", "grid", "dtype", "optimizer",
+             "stage", "stage_step", "step", "position")
 
 
 @dataclass

@@ -33,7 +33,7 @@ from .objective import StageObjective
 from .optim import Optimizer
 from .schedules import describe as schedules_describe
 from .norms import stage_norms
-from .state import TrainState
+from .state import META_KEYS, TrainState
 from .steplog import StepLog
 
 
@@ -426,7 +426,12 @@ class GreedyTrainer:
         """
         agree(comm, path=str(path), batch=batch, replicas=replicas, grid=None if grid is None else list(grid))
         p, skipped = resume.find_checkpoint(Path(path), comm)
-        meta = checkpoint.read_index(p)["meta"]
+        meta, err = None, None
+        try:
+            meta = checkpoint.read_index(p, META_KEYS)["meta"]
+        except ValueError as e:
+            err = str(e)
+        raise_collectively(comm, err)
         batch, replicas, grid = resume.choose_decomposition(meta, comm, batch, replicas, grid)
         raise_collectively(comm, resume.template_error(meta, optimizer))
         saved_opt = resume.saved_optimizer(meta)

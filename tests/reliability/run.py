@@ -170,6 +170,67 @@ def case_ckpt_corrupt_index(ctx):
     _damaged_latest_is_skipped(ctx, damage)
 
 
+def _edit_index(c, edit, checksum=True):
+    """Edit a checkpoint's index.json as a person or a bug might; with ``checksum`` its checksum is made
+    to match again (so that the check under test is the one that must catch it)."""
+    import json
+
+    from cotsdl.io.checkpoint import _index_checksum
+
+    index = json.loads((c / "index.json").read_text())
+    edit(index)
+    if checksum and "checksum" in index:
+        index["checksum"] = _index_checksum(index)
+    (c / "index.json").write_text(json.dumps(index))
+
+
+def case_ckpt_index_edited(ctx):
+    _damaged_latest_is_skipped(ctx, lambda c: _edit_index(c, lambda i: i["meta"].update(lam=0.5), checksum=False))
+
+
+def case_ckpt_index_without_files(ctx):
+    def damage(c):
+        _edit_index(c, lambda i: (i.pop("files"), i.pop("checksum")))
+    _damaged_latest_is_skipped(ctx, damage)
+
+
+def case_ckpt_piece_outside_the_folder(ctx):
+    def damage(c):
+        def edit(i):
+            i["pieces"][0]["file"] = "../../outside/evil.h5"
+            i["files"]["../../outside/evil.h5"] = {"size": 1, "sha256": "0" * 64}
+        _edit_index(c, edit)
+    _damaged_latest_is_skipped(ctx, damage)
+
+
+def case_ckpt_index_missing_a_meta_key(ctx):
+    cfg, ckpts = _trained(ctx)
+    before = snapshot(ctx.tmp)
+    _edit_index(ckpts[-1], lambda i: i["meta"].pop("stage"))
+    j = cotsdl_run(ctx.tmp, ["train", cfg, "--set", "train.steps=[4, 6]"])
+    expect_error(ctx, j, f"{ckpts[-1] / 'index.json'} is damaged: no meta.stage", 2)
+    account(ctx, before, skip=[ckpts[-1]])
+
+
+def case_ckpt_flipped_bytes_in_the_final_shard(ctx):
+    """Same size, other bytes: a complete run is not called complete on sizes alone; it resumes from the
+    checkpoint before and finishes again."""
+    cfg, ckpts = _trained(ctx)
+    before = snapshot(ctx.tmp)
+    shard = ckpts[-1] / "rank00001.h5"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    j = cotsdl_run(ctx.tmp, ["train", cfg])
+    check(j.rc == 0 and "already complete" not in j.out, f"status {j.rc}; stdout: {j.out[:600]}")
+    check(f"{ckpts[-1].name} skipped: shard" in j.out and "does not match its checksum" in j.out,
+          f"the damaged shard is not named: {j.out[:800]}")
+    check(f"resumed from {ckpts[-2]}" in j.out, f"not resumed from {ckpts[-2].name}: {j.out[:800]}")
+    account(ctx, before, skip=[ckpts[-1]])
+    again = cotsdl_run(ctx.tmp, ["train", cfg], name="again")
+    check(again.rc == 0 and "already complete" in again.out, f"not complete after the re-run: {again.out[:600]}")
+
+
 def case_ckpt_other_network(ctx):
     cfg, ckpts = _trained(ctx)
     before = snapshot(ctx.tmp)
