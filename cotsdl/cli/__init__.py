@@ -51,7 +51,50 @@ def _info() -> int:
     return 0
 
 
+def _launched_size() -> int:
+    """The rank count a launcher announces in the environment (mpiexec of MPICH/MVAPICH2/Open MPI,
+    srun), without initializing MPI; 1 when none does."""
+    import os  # noqa: PLC0415
+
+    for key in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "PMIX_SIZE"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    if os.environ.get("SLURM_PROCID") is not None and os.environ.get("SLURM_NTASKS", "").isdigit():
+        return int(os.environ["SLURM_NTASKS"])
+    return 1
+
+
+def _same_command(argv: list[str] | None) -> None:
+    """Under ``mpiexec`` every rank must run the same command: an MPMD launch (``-n 1 cotsdl train
+    … : -n 1 cotsdl info``) would leave some ranks waiting forever.  One allgather at start."""
+    if _launched_size() < 2 and "mpi4py.MPI" not in sys.modules:
+        return  # not started by a launcher with several ranks: nothing to agree with
+    from mpi4py import MPI as mpi  # noqa: PLC0415 - several ranks: MPI is needed to agree at all
+
+    if not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() == 1:
+        return
+    from ..array.collective import agreed  # noqa: PLC0415
+
+    mine = list(sys.argv[1:] if argv is None else argv)
+    everyone = mpi.COMM_WORLD.allgather(mine)
+    if all(a == everyone[0] for a in everyone):
+        return
+    groups: dict[tuple, list[int]] = {}
+    for rank, a in enumerate(everyone):
+        groups.setdefault(tuple(a), []).append(rank)
+    said = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: cotsdl {' '.join(c)}"
+                     for c, r in groups.items())
+    raise agreed(ValueError(f"the ranks were started with different commands ({said}); start every rank "
+                            "with the same command (cotsdl is not an MPMD program)"))
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:  # before parsing: a rank whose arguments do not parse must not leave the others waiting
+        _same_command(argv)
+    except ValueError as e:
+        if _rank() == 0:
+            print(f"cotsdl: error: {e}", file=sys.stderr, flush=True)
+        return _agreed_exit(2)
     args = _parser().parse_args(argv)
     from ..ops.cpu.allocator import tune_allocator  # noqa: PLC0415
 

@@ -10,6 +10,7 @@ suggestion.  ``dumps`` writes a resolved config back as TOML (the run folder's
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import re
 import tomllib
@@ -252,6 +253,16 @@ def validate(data: dict[str, Any], source: str = "config") -> dict[str, Any]:
         if v is not None and not isinstance(v, list):
             tr[name] = [v] * nstages
     return cfg
+
+
+def diff(old: Any, new: Any, path: str = "") -> list[str]:
+    """Key paths where two plain-data trees differ, with both values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in sorted(set(old) | set(new)) for d in diff(old.get(k), new.get(k), _join(path, k))]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new) and any(
+            isinstance(v, (dict, list)) for v in old):
+        return [d for i, (a, b) in enumerate(zip(old, new)) for d in diff(a, b, f"{path}[{i}]")]
+    return [] if old == new else [f"{path}: {json.dumps(old)} -> {json.dumps(new)}"]
 
 
 _PATH = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)")

@@ -127,17 +127,35 @@ def read(path: str | Path, overrides: list[str] = ()) -> RunSpec:
 
 
 def read_agreed(comm: Any, path: str | Path, overrides: list[str] = ()) -> RunSpec:
-    """:func:`read` on rank 0, the resolved config broadcast: every rank gets the same objects
-    or raises the same :class:`ValueError` (collective over ``comm``)."""
+    """:func:`read` on every rank, then one agreement: every rank gets the same objects or raises
+    the same :class:`ValueError` (collective over ``comm``).
+
+    Each rank reads its own file and ``--set`` (an MPMD launch may give ranks different
+    ones); the resolved configs must be equal, else the error names the ranks and the
+    first keys that differ.
+    """
+    import hashlib  # noqa: PLC0415
+    import json  # noqa: PLC0415
+
     from ..array.collective import agreed  # noqa: PLC0415 - MPI only for commands that use it
 
     cfg, err = None, None
-    if comm.Get_rank() == 0:
-        try:
-            cfg = read(path, overrides).config
-        except cfgmod.ConfigError as e:
-            err = str(e)
-    cfg, err = comm.bcast((cfg, err))
-    if err:
-        raise agreed(ValueError(err))
+    try:
+        cfg = read(path, overrides).config
+    except cfgmod.ConfigError as e:
+        err = str(e)
+    digest = None if cfg is None else hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()
+    verdicts = comm.allgather((err, digest))
+    first = next((e for e, _ in verdicts if e), None)
+    if first:
+        raise agreed(ValueError(first))
+    if len({d for _, d in verdicts}) > 1:
+        odd = next(r for r, (_, d) in enumerate(verdicts) if d != verdicts[0][1])
+        theirs = comm.bcast(cfg if comm.Get_rank() == odd else None, root=odd)
+        others = [r for r, (_, d) in enumerate(verdicts) if d != verdicts[0][1]]
+        changes = cfgmod.diff(comm.bcast(cfg, root=0), theirs)
+        raise agreed(ValueError(
+            f"the ranks were given different configs (after --set): rank(s) {', '.join(map(str, others))} differ from "
+            f"rank 0 (rank 0 -> rank {odd}: " + "; ".join(changes[:5]) + ("; ..." if len(changes) > 5 else "")
+            + "). Start every rank with the same config file and --set options"))
     return from_config(cfg, str(path))

@@ -68,16 +68,6 @@ class _Tee:
         self.file.close()
 
 
-def _diff(old: Any, new: Any, path: str = "") -> list[str]:
-    """Key paths where two plain-data trees differ, with both values."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        return [d for k in sorted(set(old) | set(new)) for d in _diff(old.get(k), new.get(k), cfgmod._join(path, k))]
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new) and any(
-            isinstance(v, (dict, list)) for v in old):
-        return [d for i, (a, b) in enumerate(zip(old, new)) for d in _diff(a, b, f"{path}[{i}]")]
-    return [] if old == new else [f"{path}: {json.dumps(old)} -> {json.dumps(new)}"]
-
-
 #: Settings the trainer compares with the checkpoint on resume (and logs, once each).
 RESUME_KEYS = ("train.lam:", "train.filter_norm:", "train.optimizer.", "train.schedule.")
 
@@ -145,7 +135,7 @@ def _inspect_run(spec: RunSpec) -> tuple[str | None, dict | None]:
              "data": {"input_lcn": (meta.get("data") or {}).get("input_lcn")}}
     given = {"network": spec.network.describe(), "train": {"tied": spec.train.tied, "dtype": spec.train.dtype.name},
              "data": {"input_lcn": spec.data.input_lcn}}
-    diff = _diff(saved, given)
+    diff = cfgmod.diff(saved, given)
     if diff:
         return (f"the config's model differs from the one trained in {folder} (checkpoint {latest.name}):\n  "
                 + "\n  ".join(diff) + "\nuse a new run.folder, or undo the change to resume"), None
@@ -292,10 +282,37 @@ def open_dataset(comm, what: str, path, input_shape, batch: int | None, dc: Data
             err = f"{what} {path}: " + "; ".join(problems)
     except (ValueError, OSError) as e:
         err = f"{what}: {e}"
+    if err is None:
+        err = _same_file(comm, what, path)
     if err and data is not None:
         data.close()
     raise_collectively(comm, err)
     return data
+
+
+def _same_file(comm, what: str, path) -> str | None:
+    """Every rank must read the same file: its resolved path and content identity (size, mtime, a hash
+    of its first MiB) agree, else the ranks and the difference are named (one allgather)."""
+    import hashlib  # noqa: PLC0415
+
+    try:
+        p = Path(path).resolve()
+        st = p.stat()
+        with open(p, "rb") as f:
+            head = hashlib.sha256(f.read(1 << 20)).hexdigest()[:16]
+        mine = (str(p), st.st_size, st.st_mtime_ns, head)
+    except OSError as e:
+        mine = (str(path), f"unreadable: {e.strerror or e}", None, None)
+    everyone = comm.allgather(mine)
+    if all(e == everyone[0] for e in everyone):
+        return None
+    groups: dict[tuple, list[int]] = {}
+    for r, e in enumerate(everyone):
+        groups.setdefault(e, []).append(r)
+    said = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {e[0]} (size {e[1]}, mtime_ns "
+                     f"{e[2]}, first-MiB hash {e[3]})" for e, r in groups.items())
+    return (f"{what}: the ranks do not read the same file ({said}); give every rank the same file (an absolute path, "
+            "on a filesystem every node sees)")
 
 
 def _train(spec: RunSpec, data, meta, backend_name, guard, comm, t_start, lock=None) -> int:
@@ -356,7 +373,7 @@ def _train(spec: RunSpec, data, meta, backend_name, guard, comm, t_start, lock=N
         f"steps per stage {steps}, run folder {folder}")
     if root and meta is not None and old is not None:
         try:
-            changed = _diff(cfgmod.tomllib.loads(old), cfgmod.tomllib.loads(cfgmod.dumps(spec.config)))
+            changed = cfgmod.diff(cfgmod.tomllib.loads(old), cfgmod.tomllib.loads(cfgmod.dumps(spec.config)))
         except cfgmod.tomllib.TOMLDecodeError:  # a hand-edited file: the note is not worth failing for
             changed = ["(the previous config.toml is not valid TOML)"]
         changed = [c for c in changed if not c.startswith(RESUME_KEYS)]  # the trainer reports those

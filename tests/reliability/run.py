@@ -398,6 +398,57 @@ def case_second_run_on_the_same_folder(ctx):
     check(steps == sorted(set(steps)), f"metrics.jsonl has interleaved or repeated steps: {steps}")
 
 
+def _mpmd(ctx, left, right, name, cwd=(None, None)):
+    """mpiexec -n 1 [left] : -n 1 [right]: two ranks started with different arguments (or folders)."""
+    cmd = [MPIEXEC]
+    for args, wdir in zip((left, right), cwd):
+        cmd += (["-n", "1"] + (["-wdir", str(wdir)] if wdir else []) + [PY, "-m", "mpi4py", "-m", "cotsdl"]
+                + list(map(str, args)) + [":"])
+    j = Job(cmd[:-1], ctx.tmp, name)
+    j.wait()
+    return j
+
+
+def case_mpmd_other_command(ctx):
+    """train on one rank, info on the other: refused on both at once (it used to hang)."""
+    ctx.data()
+    cfg = ctx.config()
+    before = snapshot(ctx.tmp)
+    j = _mpmd(ctx, ["train", cfg], ["info"], "mpmd")
+    expect_error(ctx, j, "the ranks were started with different commands (rank 0: cotsdl train", 2)
+    check(not (ctx.tmp / "run").exists(), "a run folder was made")
+    account(ctx, before)
+
+
+def case_mpmd_other_config_content(ctx):
+    """The same command, but each rank's config file says something else: the differing key is named."""
+    ctx.data()
+    (ctx.tmp / "a").mkdir()
+    (ctx.tmp / "b").mkdir()
+    ctx.config(name="a/c.toml")
+    text = (ctx.tmp / "a" / "c.toml").read_text()
+    (ctx.tmp / "b" / "c.toml").write_text(text.replace("steps = [6, 6]", "steps = [6, 7]"))
+    before = snapshot(ctx.tmp)
+    j = _mpmd(ctx, ["train", "c.toml"], ["train", "c.toml"], "mpmd", cwd=(ctx.tmp / "a", ctx.tmp / "b"))
+    expect_error(ctx, j, "train.steps: [6, 6] -> [6, 7]", 2)
+    account(ctx, before)
+
+
+def case_mpmd_other_data_file(ctx):
+    """The same command and config, a relative data path that names another file on each rank."""
+    for d, seed in (("a", 0), ("b", 1)):
+        (ctx.tmp / d).mkdir()
+        write_dataset(ctx.tmp / d / "tiny.h5", np.random.default_rng(seed).integers(0, 256, (40, 12, 12), dtype=np.uint8))
+    cfg_text = ctx.config(data="tiny.h5").read_text()
+    for d in ("a", "b"):
+        (ctx.tmp / d / "c.toml").write_text(cfg_text)
+    before = snapshot(ctx.tmp)
+    j = _mpmd(ctx, ["train", "c.toml"], ["train", "c.toml"], "mpmd", cwd=(ctx.tmp / "a", ctx.tmp / "b"))
+    expect_error(ctx, j, "data.file: the ranks do not read the same file", 2)
+    check(not (ctx.tmp / "run").exists(), "a run folder was made")
+    account(ctx, before)
+
+
 def case_disk_full_during_checkpoint(ctx):
     ctx.data(size=16)
     cfg = ctx.config(steps=3, every=3, size=16, c0=48, c1=24)
