@@ -118,7 +118,8 @@ STAGE = {
                "channels": Key(integer(1), doc="K: maps per block")},
     "pool": {"size": Key(ints(2), doc="[ph, pw]"),
              "stride": Key(ints(2), doc="[qh, qw]"),
-             "eps": Key(number(0), 0.0, "inside the square root")},
+             "eps": Key(number(0, lo_open=True), 0.01, "inside the square root (> 0: training differentiates "
+                        "through it)")},
     "lcn": {"size": Key(odd_size(), doc="odd Gaussian window width"),
             "sigma": Key(number(0, lo_open=True), doc="Gaussian std"),
             "eps": Key(number(0), 1e-4, "floor of the divisor")},
@@ -151,7 +152,9 @@ SCHEMA: dict[str, Any] = {
                                        "0: off; else LCN of every input image with this odd window width"),
                            "sigma": Key(number(0, lo_open=True), 2.0, "Gaussian std of the input LCN"),
                            "eps": Key(number(0), 1e-3, "floor of the input LCN's divisor")}},
-    "network": {"input": Key(ints(3), doc="[H, W, C]"), "stages": [STAGE]},
+    "network": {"input": Key(ints(3), doc="[H, W, C]"), "stages": [STAGE],
+                "allow_crop": Key(boolean, False, "let a stride that does not tile its input drop the last "
+                                  "rows/columns (otherwise an error)")},
     "parallel": {"replicas": Key(integer(1), 1, "data-parallel model groups"),
                  "grid": Key(either(choice("auto"), ints(2)), "auto", "[Py, Px] per model group"),
                  "overlap": Key(boolean, True, "compute interiors while halos travel (same results)")},
@@ -317,6 +320,8 @@ def load(path: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
         raise ConfigError(f"config {p}: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config {p}: not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config {p}: not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8") from None
     for o in overrides:
         apply_override(data, o)
     return validate(data, str(p))

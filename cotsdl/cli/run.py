@@ -101,9 +101,19 @@ class RunSpec:
 def from_config(cfg: dict[str, Any], source: str) -> RunSpec:
     """The typed objects of a resolved config (``config.validate``), or :class:`config.ConfigError`."""
     try:
-        network = Network.from_description(cfg["network"])
+        network = Network.from_description({k: v for k, v in cfg["network"].items() if k != "allow_crop"})
     except ValueError as e:
         raise cfgmod.ConfigError(f"{source}: network: {e}") from None
+    cropped = network.unused_input()
+    if cropped and not cfg["network"].get("allow_crop"):
+        li, rows, cols = cropped[0]
+        stage, kind = network.roles[li]
+        h, w = network.shapes[li][:2]
+        raise cfgmod.ConfigError(
+            f"{source}: network.stages[{stage}].{kind}: its {'x'.join(map(str, network.layers[li].rf.window))} windows "
+            f"at stride {'x'.join(map(str, network.layers[li].rf.stride))} over a {h}x{w} input leave {rows} row(s) "
+            f"and {cols} column(s) unread; choose a size and stride that tile the input, or set "
+            "network.allow_crop = true to drop them")
     dc, tc, pc, rc = cfg["data"], cfg["train"], cfg["parallel"], cfg["run"]
     lcn = dc.get("input_lcn") or {}
     data = DataSpec(dc["file"], dc["batch"], dc["seed"], dc["shuffle"], dc["preprocess"], float(dc["std_floor"]),

@@ -61,6 +61,20 @@ class Network:
                                  f"{s[0]}x{s[1]}x{s[2]}: {layer}")
             self.shapes.append(tuple(layer.out_shape(s + (1,))[:3]))
 
+    def unused_input(self) -> list[tuple[int, int, int]]:
+        """(layer, rows, columns) of every layer whose windows leave the bottom rows or right
+        columns of its input unread (the stride does not tile the input): those pixels are dropped."""
+        out = []
+        for li, layer in enumerate(self.layers):
+            rf = layer.rf
+            if rf.pad != (0, 0):  # a padded ("same") window reads everything
+                continue
+            n = rf.sites(self.shapes[li][:2])
+            left = [L - ((k - 1) * s + r) for L, k, s, r in zip(self.shapes[li][:2], n, rf.stride, rf.window)]
+            if any(left):
+                out.append((li, left[0], left[1]))
+        return out
+
     @property
     def layers(self) -> list[Any]:
         return [layer for st in self.stages for layer in st.layers]

@@ -118,3 +118,22 @@ def test_optimizers_and_schedules_come_from_their_registries():
     flat = " ".join(text.split())
     for name, (_, keys) in {**optim.OPTIMIZERS, **schedules.SCHEDULES}.items():
         assert f"{name} ({', '.join(keys) or 'no keys'})" in flat, name
+
+
+def test_what_would_fail_later_is_rejected_when_the_config_is_read(tmp_path):
+    from cotsdl.cli import run
+
+    with pytest.raises(config.ConfigError, match=r"pool.eps = 0.0: must be a number > 0"):
+        config.load(DEMO, ["network.stages[0].pool.eps=0.0"])
+    assert config.load(DEMO, ["network.stages[0].pool={size = [2, 2], stride = [2, 2]}"])[
+        "network"]["stages"][0]["pool"]["eps"] == 0.01  # the default trains
+    with pytest.raises(config.ConfigError, match=r"stages\[0\].filter: its 7x7 windows at stride 2x2 over a 32x32 "
+                                                 r"input leave 1 row\(s\) and 1 column\(s\) unread"):
+        run.read(DEMO, ["network.stages[0].filter.stride=[2, 2]", "network.stages[1].filter.size=[3, 3]"])
+    cropped = run.read(DEMO, ["network.stages[0].filter.stride=[2, 2]", "network.stages[1].filter.size=[3, 3]",
+                              "network.allow_crop=true"])
+    assert cropped.network.unused_input()[0][1:] == (1, 1)
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes(DEMO.read_bytes().replace(b"[data]", b"# caf\xe9\n[data]", 1))
+    with pytest.raises(config.ConfigError, match=f"config {bad}: not UTF-8 text"):
+        config.load(bad)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from cotsdl.array import ProcessGrid
-from cotsdl.cli import config
-from cotsdl.nn import Network, NetworkPlan
+from cotsdl.cli import run
+from cotsdl.nn import NetworkPlan
 from cotsdl.planner.model import layer_counts
 from helpers import grids
 from netcases import network
@@ -18,7 +18,7 @@ DEMO = Path(__file__).resolve().parents[2] / "jobs/configs/demo.toml"
 
 
 def demo():
-    return Network.from_description(config.load(DEMO)["network"])
+    return run.read(DEMO).network
 
 
 @pytest.mark.parametrize("make", [network, demo], ids=["uneven", "demo"])

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cotsdl.cli import config
+from cotsdl.cli import config, run
 from cotsdl.nn.network import Network
 from cotsdl.planner import PRESETS, MachineError, load_machine, predict_step, suggest, validate_machine
 from cotsdl.planner.machine import op_seconds, rank_share
@@ -28,7 +28,7 @@ def tiny():
 
 
 def demo():
-    return Network.from_description(config.load(ROOT / "tests/planner/three_stage.toml")["network"])
+    return run.read(ROOT / "tests/planner/three_stage.toml").network
 
 
 def test_the_planner_imports_without_mpi():
@@ -190,8 +190,7 @@ PAPER = {"185m": 185e6, "680m": 680e6, "1.9b": 1.9e9, "6.9b": 6.9e9, "11.2b": 11
 
 @pytest.mark.parametrize("tag", sorted(PAPER))
 def test_paper_configs_have_the_stated_sizes(tag):
-    cfg = config.load(ROOT / f"jobs/configs/paper-{tag}.toml")
-    n = Network.from_description(cfg["network"])
+    n = run.read(ROOT / f"jobs/configs/paper-{tag}.toml").network
     assert n.input_shape == (200, 200, 3) and len(n.stages) == 3
     assert all(16 <= n.layers[i].size[0] <= 20 for i in n.filter_layers())
     params = sum(c.params for c in layer_counts(n, 1, (1, 1)))

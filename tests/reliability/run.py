@@ -66,6 +66,29 @@ def case_config_fractional_channels(ctx):
                sets=["network.stages[0].filter.channels=2.5"])
 
 
+def case_config_pool_eps_zero(ctx):
+    """Rejected when the config is read, on every rank, before a run folder exists (it used to fail
+    later, on one rank, after the folder was written)."""
+    _bad_input(ctx, "network.stages[0].pool.eps = 0.0: must be a number > 0", sets=["network.stages[0].pool.eps=0.0"])
+    check(not (ctx.tmp / "run").exists(), "a run folder was made")
+
+
+def case_config_stride_does_not_tile(ctx):
+    """A stride that does not tile its input would drop pixels silently: refused unless allow_crop."""
+    _bad_input(ctx, "network.stages[1].filter: its 2x2 windows at stride 2x2 over a 5x5 input leave 1 row(s) and "
+               "1 column(s) unread", sets=["network.stages[1].filter.stride=[2, 2]"])
+
+
+def case_config_not_utf8(ctx):
+    ctx.data()
+    cfg = ctx.config()
+    cfg.write_bytes(cfg.read_bytes().replace(b"[data]", b"# caf\xe9 (latin-1)\n[data]"))
+    before = snapshot(ctx.tmp)
+    j = cotsdl_run(ctx.tmp, ["train", cfg])
+    expect_error(ctx, j, f"config {cfg}: not UTF-8 text", 2)
+    account(ctx, before)
+
+
 def case_data_missing(ctx):
     _bad_input(ctx, "dataset {tmp}/missing.h5: no such file", data=ctx.tmp / "missing.h5")
 
