@@ -28,6 +28,7 @@ from .. import backend
 from ..array.box import Box
 from ..array.collective import raise_collectively
 from .atomic import write_atomic
+from .h5safe import storage_problems
 
 _NAME = re.compile(r"^ckpt-(\d{9})$")
 
@@ -299,6 +300,9 @@ def load(path: str | os.PathLike, comm: MPI.Comm, wanted: dict[str, Box], dtype:
                         continue
                     if p["file"] not in files:
                         files[p["file"]] = h5py.File(path / p["file"], "r")
+                        bad = storage_problems(files[p["file"]])
+                        if bad:  # a shard must not make every rank read other files
+                            raise ValueError(f"checkpoint shard {path / p['file']}: " + "; ".join(bad))
                     ds = files[p["file"]][name]
                     if block is None:
                         block = np.zeros(box.shape, dtype or ds.dtype)

@@ -34,6 +34,8 @@ from typing import Any, Sequence
 import h5py
 import numpy as np
 
+from .h5safe import storage_problems
+
 FORMAT_VERSION = 1
 DTYPES = (np.dtype(np.uint8), np.dtype(np.float32), np.dtype(np.float64))
 #: What the reader reports for a labeled file without ``kinds``: label 1, then the rest.
@@ -315,6 +317,10 @@ def inspect(path: str | os.PathLike) -> DatasetInfo:
 
 
 def _inspect_open(f: h5py.File, info: DatasetInfo) -> None:
+    foreign = storage_problems(f)  # before anything is read through them
+    if foreign:
+        info.problems.extend(foreign)
+        return
     v = f.attrs.get("cotsdl_format")
     info.format_version = int(v) if v is not None else None
     if info.format_version is not None and info.format_version > FORMAT_VERSION:

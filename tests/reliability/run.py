@@ -89,6 +89,48 @@ def case_config_not_utf8(ctx):
     account(ctx, before)
 
 
+def _with_foreign(path, how):
+    """A valid dataset that also reaches outside itself (or claims more than it holds)."""
+    import h5py
+
+    write_dataset(path, np.random.default_rng(0).integers(0, 256, (40, 12, 12), dtype=np.uint8))
+    with h5py.File(path, "a") as f:
+        how(f, path)
+    return path
+
+
+def case_data_external_link(ctx):
+    """A dataset file must not make every rank read another file (here: a dangling external link)."""
+    import h5py
+
+    data = _with_foreign(ctx.tmp / "ext.h5", lambda f, p: f.__setitem__("labels", h5py.ExternalLink("/nonexistent.h5", "/x")))
+    _bad_input(ctx, "'/labels' is an external link (to /nonexistent.h5:/x)", data=data)
+
+
+def case_data_virtual_dataset(ctx):
+    import h5py
+
+    def virtual(f, p):
+        src = p.with_name("src.h5")
+        write_dataset(src, np.zeros((40, 12, 12), np.uint8))
+        lay = h5py.VirtualLayout(shape=(40, 12, 12), dtype=np.uint8)
+        lay[:] = h5py.VirtualSource(str(src), "images", shape=(40, 12, 12))
+        del f["images"]
+        f.create_virtual_dataset("images", lay)
+    _bad_input(ctx, "'/images' is a virtual dataset", data=_with_foreign(ctx.tmp / "virt.h5", virtual))
+
+
+def case_data_declares_2_to_the_40_images(ctx):
+    def huge(f, p):
+        for k in ("images", "image_mean", "image_std"):
+            del f[k]
+        f.create_dataset("images", shape=(2 ** 40, 12, 12), dtype=np.uint8, chunks=(1, 12, 12))
+    _bad_input(ctx, "'/images' declares (1099511627776, 12, 12) in 1099511627776 chunk(s) but the file stores 0",
+               data=_with_foreign(ctx.tmp / "huge.h5", huge))
+    j = cotsdl_run(ctx.tmp, ["inspect", ctx.tmp / "huge.h5"], ranks=1, name="inspect")
+    check(j.rc == 2 and "NOT VALID" in j.out, f"inspect calls the file valid ({j.rc}): {j.out[-400:]}")
+
+
 def case_data_missing(ctx):
     _bad_input(ctx, "dataset {tmp}/missing.h5: no such file", data=ctx.tmp / "missing.h5")
 
