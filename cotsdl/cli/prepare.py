@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import signal
 import sys
 import time
 
@@ -152,6 +153,14 @@ def run(args) -> int:
     from ..io.dataset import DatasetError  # noqa: PLC0415
 
     t0 = time.perf_counter()
+
+    class Stopped(Exception):
+        pass
+
+    def stop(signum, frame):  # unwind: the writers remove their temporary files on the way out
+        raise Stopped(signum)
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         if args.builder == "stats":
             from ..io.builders import add_stats  # noqa: PLC0415
@@ -167,3 +176,11 @@ def run(args) -> int:
     except (DatasetError, ValueError, OSError) as e:
         print(f"cotsdl: error: {e}", file=sys.stderr, flush=True)
         return 1 if isinstance(e, DiskError) else 2  # a write that failed is the machine's, not bad input
+    except Stopped as e:
+        sig = signal.Signals(e.args[0])
+        print(f"cotsdl: stopped by {sig.name}: nothing was written (no partial file is left)", file=sys.stderr,
+              flush=True)
+        return 128 + sig.value
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)

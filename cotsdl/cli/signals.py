@@ -5,9 +5,10 @@ time limit; Ctrl-C at a terminal sends SIGINT.  The first signal only sets a fla
 next step boundary (one allreduce), all ranks write a checkpoint and the program
 exits with :data:`EXIT_REQUEUE` so that the job script can requeue it.  A second
 signal ends the process at once (status 128 + signal number): checkpoints are
-committed by a rename, so the last complete one is never damaged.  Signals within
-``grace`` seconds of the first count as the same request: at a time limit a rank
-often gets SIGTERM twice (from the scheduler, and forwarded by srun or mpiexec).
+committed by a rename, so the last complete one is never damaged.  A SIGTERM or SIGUSR1
+within ``grace`` seconds (3) of the first counts as the same request: at a time limit a
+rank often gets SIGTERM twice (from the scheduler, and forwarded by srun or mpiexec).
+A second Ctrl-C (SIGINT) always ends at once: a person pressed it twice.
 """
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ class PreemptionGuard:
         self._old = {s: signal.signal(s, self._handle) for s in signals}
 
     def _handle(self, signum: int, frame) -> None:
-        if self.received is not None and time.monotonic() - self._at < self.grace:
-            return  # the same request delivered twice
+        if (self.received is not None and signum != signal.SIGINT
+                and time.monotonic() - self._at < self.grace):
+            return  # the same request delivered twice (a scheduler's signal, forwarded again by srun/mpiexec)
         if self.received is not None:
             os.write(2, f"cotsdl: second signal {signal.Signals(signum).name}: exiting now; the last complete "
                         "checkpoint is intact\n".encode())

@@ -170,6 +170,22 @@ def test_a_second_signal_exits_at_once():
     assert "second signal SIGTERM: exiting now" in res.stderr
 
 
+def test_a_second_ctrl_c_exits_at_once_even_within_the_grace_time():
+    code = textwrap.dedent("""
+        import os, signal, time
+        from cotsdl.cli.signals import PreemptionGuard
+        g = PreemptionGuard(grace=30)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert g.requested()
+        os.kill(os.getpid(), signal.SIGINT)  # a person pressed Ctrl-C twice: no grace
+        time.sleep(30)
+    """)
+    t0 = time.time()
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 128 + signal.SIGINT and time.time() - t0 < 20
+    assert "second signal SIGINT: exiting now" in res.stderr
+
+
 def _nan_file(path):
     x = np.random.default_rng(1).standard_normal((40, 12, 12)).astype(np.float32)
     x[np.random.default_rng(1).permutation(40)[:3], 5, 6] = np.nan

@@ -546,6 +546,25 @@ def case_disk_full_during_checkpoint(ctx):
           f"no resume from the intact checkpoint after the disk was freed ({again.rc}): {again.err[-600:]}")
 
 
+def case_prepare_data_sigterm(ctx):
+    """prepare-data stopped by SIGTERM while writing: one message, 143, no partial file left behind."""
+    out = ctx.tmp / "big.h5"
+    j = Job([PY, "-m", "cotsdl", "prepare-data", "synthetic", str(out), "--count", "400000", "--size", "32", "32"],
+            ctx.tmp, "prep")
+    if not wait_for(lambda: any(p.name.endswith(".partial") for p in ctx.tmp.iterdir()), j, timeout=60):
+        j.kill()
+        j.wait()
+        raise CaseFailed(f"no partial file appeared (status {j.rc}): {j.err[-400:]}")
+    time.sleep(0.3)
+    t = time.monotonic()
+    j.proc.send_signal(signal.SIGTERM)
+    j.wait()
+    ctx.note_exit(j.t_end - t)
+    expect_error(ctx, j, "stopped by SIGTERM: nothing was written", 128 + signal.SIGTERM)
+    left = [p.name for p in ctx.tmp.iterdir() if p.name.endswith(".partial") or p.name == "big.h5"]
+    check(not left, f"left behind: {left}")
+
+
 def case_disk_full_during_stats(ctx):
     """prepare-data stats on a full disk: one message, exit 1, the dataset byte for byte as it was."""
     data = ctx.tmp / "big.h5"
