@@ -30,6 +30,9 @@ def add_parser(sub) -> None:
                     f"{EXIT_REQUEUE} checkpointed on a signal, 1 training failed.",
         epilog=_registries())
     p.add_argument("config", help="TOML config (see README.md, 'Config files')")
+    p.add_argument("--watchdog", type=float, default=600.0, metavar="SECONDS",
+                   help="end the job, naming the ranks that stopped responding, when no training step completes "
+                        "for this long (default 600; 0: off)")
     p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a config key, e.g. --set train.steps=[50,50,50] --set network.stages[0].filter.channels=8")
 
@@ -104,7 +107,7 @@ def _inspect_run(spec: RunSpec) -> tuple[str | None, dict | None]:
         return f"run.folder {folder} exists and is not a folder", None
     if not folder.exists():
         return None, None
-    names = {p.name for p in folder.iterdir()} - {".lock"}  # an earlier run's lock file (released)
+    names = {p.name for p in folder.iterdir()} - {".lock", ".watchdog"}  # an earlier run's lock, watchdog files
     if names and "config.toml" not in names:
         return (f"run.folder {folder} is not empty and holds no config.toml, so it is not a cotsdl run folder "
                 f"(it holds: {', '.join(sorted(names)[:5])}); choose another run.folder"), None
@@ -244,7 +247,7 @@ def _run(args, guard: PreemptionGuard) -> int:
         _agreed(err)
         data = open_dataset(comm, "data.file", spec.data.file, spec.network.input_shape, spec.global_batch, spec.data)
         try:
-            return _train(spec, data, meta, backend_name, guard, comm, t_start, lock)
+            return _train(spec, data, meta, backend_name, guard, comm, t_start, lock, args.watchdog)
         finally:
             data.close()
     finally:
@@ -315,14 +318,13 @@ def _same_file(comm, what: str, path) -> str | None:
             "on a filesystem every node sees)")
 
 
-def _train(spec: RunSpec, data, meta, backend_name, guard, comm, t_start, lock=None) -> int:
+def _train(spec: RunSpec, data, meta, backend_name, guard, comm, t_start, lock=None, watchdog: float = 0.0) -> int:
     from mpi4py import MPI  # noqa: PLC0415
 
     from ..array.collective import raise_collectively  # noqa: PLC0415
-    from ..train import GreedyTrainer, TrainingInterrupted  # noqa: PLC0415
 
     root = comm.Get_rank() == 0
-    dc, tc, pc, network, source = spec.data, spec.train, spec.parallel, spec.network, spec.source
+    tc, pc, network, source = spec.train, spec.parallel, spec.network, spec.source
     folder = spec.folder
     ckdir = folder / "checkpoints"
     global_batch = spec.global_batch
@@ -364,9 +366,37 @@ def _train(spec: RunSpec, data, meta, backend_name, guard, comm, t_start, lock=N
             err = f"run.folder {folder}: cannot write: {e.strerror or e}"
     raise_collectively(comm, err)
     say = (lambda m: print(m, file=log, flush=True)) if root else (lambda m: None)
+    dog = None
+    if watchdog > 0:
+        from .watchdog import Watchdog  # noqa: PLC0415
+
+        dog = Watchdog(folder / ".watchdog", comm.Get_rank(), comm.Get_size(), watchdog, MPI.COMM_WORLD.Abort,
+                       say=lambda m: print(m, file=sys.stderr, flush=True)).start()
+
+    def should_stop() -> bool:  # after every step, on every rank
+        if dog is not None:
+            dog.progress()
+        return guard.requested()
+
     common = dict(checkpoint_every=tc.checkpoint_every, keep=tc.keep, log_every=tc.log_every,
                   metrics_file=str(folder / "metrics.jsonl"), max_bad_steps=tc.max_bad_steps, log=log,
-                  should_stop=guard.requested, overlap=pc.overlap)
+                  should_stop=should_stop, overlap=pc.overlap)
+    try:
+        return _train_on(spec, data, meta, backend_name, guard, comm, t_start, log, say, common, steps, old)
+    finally:
+        if dog is not None:
+            dog.stop()
+
+
+def _train_on(spec, data, meta, backend_name, guard, comm, t_start, log, say, common, steps, old) -> int:
+    """The training itself, once the run folder is ready (``old``: its previous config.toml text)."""
+    from mpi4py import MPI  # noqa: PLC0415
+
+    from ..train import GreedyTrainer, TrainingInterrupted  # noqa: PLC0415
+
+    root = comm.Get_rank() == 0
+    dc, tc, pc, network, source, folder = spec.data, spec.train, spec.parallel, spec.network, spec.source, spec.folder
+    ckdir, global_batch = folder / "checkpoints", spec.global_batch
     grid = pc.grid
     say(f"cotsdl train {source}: {comm.Get_size()} rank(s), backend {backend_name}, data {dc.file} "
         f"({len(data)} images {'x'.join(map(str, data.image_shape))}), global batch {global_batch}, "

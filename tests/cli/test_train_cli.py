@@ -376,3 +376,37 @@ def test_a_stale_lock_record_does_not_block(tmp_path, monkeypatch):
     finally:
         live.kill()
         live.wait()
+
+
+def test_the_watchdog_names_silent_ranks_and_a_deadlock(tmp_path):
+    """Unit check of the two verdicts (the reliability suite stops a real rank with SIGSTOP)."""
+    import threading
+
+    from cotsdl.cli.watchdog import Watchdog
+
+    for alive in (False, True):
+        folder = tmp_path / f"dog{alive}"
+        said, aborted = [], threading.Event()
+        dog = Watchdog(folder, 0, 2, timeout=0.6, abort=lambda code: aborted.set(), period=0.1, say=said.append)
+        dog.start()
+        dog.progress(7)
+        keep = threading.Event()
+
+        def other_rank():  # rank 1's watchdog thread: beats while it "lives"
+            while not keep.is_set():
+                (folder / "rank-00001").write_text(json.dumps({"step": 7, "time": time.time(), "host": "h", "pid": 1}))
+                time.sleep(0.05)
+        t = threading.Thread(target=other_rank) if alive else None
+        if t:
+            t.start()
+        assert aborted.wait(10), said
+        keep.set()
+        if t:
+            t.join()
+        dog.stop()
+        (msg,) = said
+        assert "no training step completed in 1 s (after global step 7)" in msg
+        if alive:
+            assert "every rank is alive but none completes a step" in msg and "rank 1 7" in msg
+        else:
+            assert "rank 1 (never seen)" in msg

@@ -325,13 +325,13 @@ class NotCaught(CaseFailed):
 
 
 def _interrupt_and_resume(ctx, ranks, fault, expect_status=None, expect_out=None, cfg_kw=LONG, ready=None,
-                          after=None, poll=0.005):
+                          after=None, poll=0.005, extra=()):
     """Start a long run, apply ``fault(job)`` once ``ready(run)`` holds, check the ending, resume, compare."""
     ref = reference(ctx, ranks, **cfg_kw)
     ctx.data(size=cfg_kw.get("size", 12))
     cfg = ctx.config(**cfg_kw)
     run = ctx.tmp / "run"
-    job = cotsdl_job(ctx.tmp, ["train", cfg], ranks, "faulted")
+    job = cotsdl_job(ctx.tmp, ["train", cfg, *extra], ranks, "faulted")
     ready = ready or (lambda job: len(committed(run)) >= 1)
     if not wait_for(lambda: ready(job), job, poll=poll):
         job.kill()
@@ -512,6 +512,21 @@ def case_mpmd_other_data_file(ctx):
     expect_error(ctx, j, "data.file: the ranks do not read the same file", 2)
     check(not (ctx.tmp / "run").exists(), "a run folder was made")
     account(ctx, before)
+
+
+def case_sigstop_one_rank_watchdog(ctx):
+    """A rank stopped by SIGSTOP leaves the others waiting in a collective: the watchdog ends the job within
+    its time, naming the stopped rank; the re-run resumes and ends bitwise as an uninterrupted run."""
+    def fault(job):
+        pids = job.ranks()
+        os.kill(pids[1], signal.SIGSTOP)
+        return pids[1]
+
+    job, pid = _interrupt_and_resume(ctx, 2, fault, extra=["--watchdog", "4"])
+    check(job.t_end - job.t0 < 60, f"the job took {job.t_end - job.t0:.0f} s to end")
+    lines = [ln for ln in job.err.splitlines() if "watchdog" in ln]
+    check(len(lines) == 1, f"expected one watchdog message, got {len(lines)}: {job.err[-800:]}")
+    check(f"rank 1 (host {os.uname().nodename}, pid {pid}" in lines[0], f"the stopped rank is not named: {lines[0]}")
 
 
 def case_disk_full_during_checkpoint(ctx):
