@@ -12,12 +12,12 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from ..io.atomic import write_atomic
 from . import config as cfgmod
 from . import run as run_spec
 from .run import DataSpec, RunSpec
+from .runfolder import Tee, acquire_lock, inspect_run, report, stage_lines, trim_metrics
 from .signals import EXIT_REQUEUE, PreemptionGuard
 
 def add_parser(sub) -> None:
@@ -49,28 +49,6 @@ def _registries() -> str:
             f"takes {', '.join(schedules.COMMON)}.")
 
 
-class _Tee:
-    """Rank 0's log: the terminal and ``log.txt`` (progress-bar updates only on the terminal)."""
-
-    def __init__(self, path: Path):
-        self.file = open(path, "a", buffering=1)
-
-    def write(self, text: str) -> None:
-        sys.stdout.write(text)
-        if not text.startswith("\r"):
-            self.file.write(text)
-
-    def flush(self) -> None:
-        sys.stdout.flush()
-        self.file.flush()
-
-    def isatty(self) -> bool:
-        return sys.stdout.isatty()
-
-    def close(self) -> None:
-        self.file.close()
-
-
 #: Settings the trainer compares with the checkpoint on resume (and logs, once each).
 RESUME_KEYS = ("train.lam:", "train.filter_norm:", "train.optimizer.", "train.schedule.")
 
@@ -98,119 +76,12 @@ def setup_backend(spec: RunSpec, comm) -> str:
     return name
 
 
-def _inspect_run(spec: RunSpec) -> tuple[str | None, dict | None]:
-    """(error, saved checkpoint meta) of an existing run folder; rank 0 only."""
-    from ..io import checkpoint  # noqa: PLC0415
-
-    folder = spec.folder
-    if folder.exists() and not folder.is_dir():
-        return f"run.folder {folder} exists and is not a folder", None
-    if not folder.exists():
-        return None, None
-    names = {p.name for p in folder.iterdir()} - {".lock", ".watchdog"}  # an earlier run's lock, watchdog files
-    if names and "config.toml" not in names:
-        return (f"run.folder {folder} is not empty and holds no config.toml, so it is not a cotsdl run folder "
-                f"(it holds: {', '.join(sorted(names)[:5])}); choose another run.folder"), None
-    latest, skipped = checkpoint.latest_verified(folder / "checkpoints", deep=False)  # the trainer checks sums
-    if latest is None:
-        if skipped:  # never start over silently on top of a run's damaged checkpoints
-            return (f"run.folder {folder}: no checkpoint can be resumed: " + "; ".join(skipped)
-                    + ". Move them away to start the run again"), None
-        return None, None
-    from ..train.state import META_KEYS  # noqa: PLC0415
-
-    try:
-        meta = checkpoint.read_index(latest, META_KEYS)["meta"]
-    except ValueError as e:
-        return f"run.folder {folder}: {e}", None
-    if meta["stage"] == len(spec.network.stages) - 1:  # the run may be complete: trust sums, not sizes
-        deep, _ = checkpoint.latest_verified(folder / "checkpoints", deep=True)
-        if deep is None:
-            return f"run.folder {folder}: no checkpoint verifies against its checksums", None
-        if deep != latest:  # the trainer skips the damaged ones the same way, and says so
-            latest = deep
-            try:
-                meta = checkpoint.read_index(latest, META_KEYS)["meta"]
-            except ValueError as e:
-                return f"run.folder {folder}: {e}", None
-    # what defines the model cannot change within a run (lam, the optimizer's settings, steps can)
-    saved = {"network": meta["network"], "train": {"tied": meta["tied"], "dtype": meta["dtype"]},
-             "data": {"input_lcn": (meta.get("data") or {}).get("input_lcn")}}
-    given = {"network": spec.network.describe(), "train": {"tied": spec.train.tied, "dtype": spec.train.dtype.name},
-             "data": {"input_lcn": spec.data.input_lcn}}
-    diff = cfgmod.diff(saved, given)
-    if diff:
-        return (f"the config's model differs from the one trained in {folder} (checkpoint {latest.name}):\n  "
-                + "\n  ".join(diff) + "\nuse a new run.folder, or undo the change to resume"), None
-    meta["_path"] = str(latest)
-    return None, meta
-
-
-def _summary(folder: Path, nstages: int, wall: float, history: list[dict]) -> dict[str, Any]:
-    """Per-stage loss first -> last (from metrics.jsonl: the whole run, every session) and speed."""
-    recs = []
-    try:
-        with open(folder / "metrics.jsonl") as f:
-            recs = [json.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError):
-        recs = []
-    recs = recs or history  # train.log_every = 0 logs nothing
-    stages = []
-    for k in range(nstages):  # first: the stage's first step; last: the mean over the last logged window
-        rs = [r for r in recs if r.get("stage") == k]
-        first, last = (rs[0], rs[-1]) if rs else ({}, {})
-        stages.append({"stage": k, "steps": last.get("stage_step", 0),
-                       "first_loss": first.get("loss"), "last_loss": last.get("loss_mean", last.get("loss")),
-                       "first_reconstruction": first.get("reconstruction"),
-                       "last_reconstruction": last.get("reconstruction_mean", last.get("reconstruction")),
-                       "last_mean_over_steps": last.get("mean_over", 1 if rs else 0)})
-    speeds = sorted(r["images_per_s"] for r in history)
-    return {"stages": stages, "session_seconds": wall, "session_steps": len(history),
-            "images_per_s_median": speeds[len(speeds) // 2] if speeds else None}
-
-
-def _filter_diagnostics(folder: Path, this_session: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each finished stage's end-of-stage filter diagnostics: from metrics.jsonl (every session of the
-    run: the stage's last record that has them), this session's where the log has none."""
-    found: dict[int, dict[str, Any]] = {}
-    try:
-        with open(folder / "metrics.jsonl") as f:
-            for line in f:
-                r = json.loads(line) if line.strip() else {}
-                if r.get("filter_stats"):  # the trainer's end-of-stage record
-                    found[r["stage"]] = r
-    except (OSError, ValueError):
-        pass
-    from ..nn.stage_stats import STAGE_KEYS  # noqa: PLC0415
-
-    out = {k: {key: r[key] for key in STAGE_KEYS if key in r} for k, r in found.items()}
-    out.update(this_session)
-    return [{"stage": k, **v} for k, v in sorted(out.items())]
-
-
 def _agreed(err: str | None) -> None:
     """Raise an error every rank holds (it was broadcast) on every rank."""
     from ..array.collective import agreed  # noqa: PLC0415 - MPI only for commands that use it
 
     if err:
         raise agreed(ValueError(err))
-
-
-def _trim_metrics(path: Path, step: int) -> None:
-    """Drop the records of steps after the checkpoint a run restarts from (they are trained again)."""
-    if not path.exists():
-        return
-    with open(path) as f:
-        lines = f.readlines()
-    keep = []
-    for line in lines:
-        try:
-            if json.loads(line)["step"] <= step:
-                keep.append(line)
-        except (ValueError, KeyError, TypeError):
-            continue  # a line cut short by a kill
-    if len(keep) != len(lines):
-        write_atomic(path, "".join(keep))
 
 
 def run(args) -> int:
@@ -238,11 +109,11 @@ def _run(args, guard: PreemptionGuard) -> int:
     try:
         meta, err = None, None
         if lock is not None:
-            err, meta = _inspect_run(spec)
+            err, meta = inspect_run(spec)
             if err is None and spec.folder.is_dir():
-                err = _acquire(lock)
+                err = acquire_lock(lock)
                 if err is None:  # again, under the lock: what no other run can change any more
-                    err, meta = _inspect_run(spec)
+                    err, meta = inspect_run(spec)
         meta, err = comm.bcast((meta, err))
         _agreed(err)
         data = open_dataset(comm, "data.file", spec.data.file, spec.network.input_shape, spec.global_batch, spec.data)
@@ -253,13 +124,6 @@ def _run(args, guard: PreemptionGuard) -> int:
     finally:
         if lock is not None:
             lock.release()
-
-
-def _acquire(lock) -> str | None:
-    try:
-        return lock.acquire()
-    except OSError as e:
-        return f"run.folder {lock.path.parent}: cannot lock {lock.path.name}: {e.strerror or e}"
 
 
 def open_dataset(comm, what: str, path, input_shape, batch: int | None, dc: DataSpec, labels: bool = False,
@@ -340,7 +204,7 @@ def _train(spec: RunSpec, data, meta, backend_name, guard, comm, t_start, lock=N
                   f"{meta['step']} (checkpoint {meta['_path']}). To train longer raise train.steps; to start over "
                   "use a new run.folder.", flush=True)
             try:
-                for line in _stage_lines(json.loads((folder / "summary.json").read_text())):
+                for line in stage_lines(json.loads((folder / "summary.json").read_text())):
                     print(line, flush=True)
             except (OSError, ValueError, KeyError):
                 pass  # the summary is a courtesy: the checkpoint says the run is complete
@@ -351,17 +215,17 @@ def _train(spec: RunSpec, data, meta, backend_name, guard, comm, t_start, lock=N
         try:
             ckdir.mkdir(parents=True, exist_ok=True)
             if lock is not None and not lock.held:  # a new run folder: locked as soon as it exists
-                err = _acquire(lock)
+                err = acquire_lock(lock)
         except OSError as e:
             err = f"run.folder {folder}: cannot write: {e.strerror or e}"
     raise_collectively(comm, err)
     if root:
         try:
             old = (folder / "config.toml").read_text() if (folder / "config.toml").exists() else None
-            _trim_metrics(folder / "metrics.jsonl", meta["step"] if meta else 0)
+            trim_metrics(folder / "metrics.jsonl", meta["step"] if meta else 0)
             header = f"resolved config of the run in {folder} (from {source}); written by cotsdl train"
             write_atomic(folder / "config.toml", cfgmod.dumps(spec.config, header))
-            log = _Tee(folder / "log.txt")
+            log = Tee(folder / "log.txt")
         except OSError as e:
             err = f"run.folder {folder}: cannot write: {e.strerror or e}"
     raise_collectively(comm, err)
@@ -428,32 +292,8 @@ def _train_on(spec, data, meta, backend_name, guard, comm, t_start, log, say, co
             f"checkpoint {e.checkpoint}. Exit {EXIT_REQUEUE}: re-run the same command to resume.")
         return EXIT_REQUEUE
     if root:
-        _report(folder, network, tr, backend_name, comm.Get_size(), time.perf_counter() - t_start, say)
+        report(folder, network, tr, backend_name, comm.Get_size(), time.perf_counter() - t_start, say)
         log.close()
     return 0
 
 
-def _report(folder: Path, network, tr, backend_name: str, ranks: int, wall: float, say) -> None:
-    """summary.json and the closing lines (rank 0; a failed write is a warning, training is done)."""
-    summary = _summary(folder, len(network.stages), wall, tr.history)
-    summary["filter_diagnostics"] = _filter_diagnostics(folder, tr.stage_stats)
-    summary.update({"run": str(folder), "config": str(folder / "config.toml"), "step": tr.step,
-                    "checkpoint": str(tr.latest_checkpoint()), "ranks": ranks,
-                    "grid": list(tr.decomposition.grid.dims), "replicas": tr.replicas, "backend": backend_name})
-    try:
-        write_atomic(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
-    except OSError as e:
-        say(f"warning: cannot write {folder / 'summary.json'}: {e.strerror or e}")
-    say(f"done: {len(network.stages)} stage(s) in {wall:.1f} s this session, global step {tr.step}")
-    for line in _stage_lines(summary):
-        say(line)
-    say(f"  run folder {folder}: config.toml, checkpoints/, metrics.jsonl, log.txt, summary.json")
-
-
-def _stage_lines(summary: dict[str, Any]) -> list[str]:
-    out = [f"  stage {s['stage']}: loss {s['first_loss']:.4g} -> {s['last_loss']:.4g} (reconstruction "
-           f"{s['first_reconstruction']:.4g} -> {s['last_reconstruction']:.4g}), {s['steps']} steps (first logged "
-           f"step -> mean of the last {s['last_mean_over_steps']})" for s in summary["stages"] if s["first_loss"] is not None]
-    if summary.get("images_per_s_median"):
-        out.append(f"  {summary['images_per_s_median']:.1f} images/s (median step of the last session)")
-    return out
