@@ -12,7 +12,9 @@ JSON.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
+import io
 import json
 import os
 import re
@@ -121,21 +123,30 @@ def save(folder: str | os.PathLike, step: int, comm: MPI.Comm, arrays: dict[str,
         fname = f"rank{rank:05d}.h5"
         tmp = partial / (fname + ".tmp")
         try:
-            with h5py.File(tmp, "w") as f:
+            # HDF5 builds the shard in memory and Python writes it: a full disk is then an OSError
+            # of one write call, never an HDF5 library that failed mid-file (and crashed at exit)
+            image = io.BytesIO()
+            with h5py.File(image, "w") as f:
                 for name, (shape, box, data) in sorted(arrays.items()):
                     if box.is_empty:
                         continue
                     d = f.create_dataset(name, data=np.ascontiguousarray(backend.to_numpy(data)))
                     d.attrs["lo"], d.attrs["hi"] = np.array(box.lo), np.array(box.hi)
                     pieces.append({"name": name, "file": fname, "lo": list(box.lo), "hi": list(box.hi)})
-            with open(tmp, "rb+") as fh:
+            blob = image.getbuffer()
+            with open(tmp, "wb") as fh:
+                fh.write(blob)
+                fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, partial / fname)
-            files[fname] = _digest(partial / fname)
+            files[fname] = {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+            del blob
+            image.close()
         except Exception as e:  # noqa: BLE001 - every rank must learn of it
             text = f"{type(e).__name__}: {e}"
-            if any(k in text for k in ("errno = 28", "errno = 27", "No space left", "File too large")):
-                text = f"the disk is full or a file-size limit was reached ({text})"  # HDF5 words it obscurely
+            code = getattr(e, "errno", None) or next((int(m) for m in re.findall(r"errno = (\d+)", text)), None)
+            if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # HDF5 words it at length: say it plainly
+                text = f"{os.strerror(code)} (the disk is full, a quota or a file-size limit was reached)"
             err = f"cannot write checkpoint file {partial / fname}: {text}"
     try:
         raise_collectively(comm, err, OSError)
