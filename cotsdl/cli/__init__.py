@@ -130,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
             from . import bench_cmd  # noqa: PLC0415
 
             return bench_cmd.run(args)
+    except BrokenPipeError:  # `cotsdl plan … | head`: the reader has what it wanted
+        import os  # noqa: PLC0415
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
     except (ValueError, RuntimeError, OSError) as e:
         # Validation is collective, so every rank arrives here with the same error:
         # report it once and let every rank exit non-zero (no rank is left waiting).

@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +104,10 @@ def test_ranks_given_different_arguments_fail_without_hanging():
     assert res.stderr.count("the ranks were started with different commands (rank 0: cotsdl bench exchange --shape "
                             "8 8 1 1 --repeats 1 --halos 1; rank 1: cotsdl bench exchange --shape 8 8 1 1 --repeats 1 "
                             "--halos 1 2)") == 1, res.stderr
+
+
+def test_a_closed_pipe_ends_quietly():
+    """`cotsdl plan … | head -1`: no traceback, no error line, exit 0."""
+    res = subprocess.run(f"{sys.executable} -m cotsdl plan {Path(__file__).resolve().parents[2] / 'jobs/configs/demo.toml'} --ranks 2 | head -1",
+                         shell=True, capture_output=True, text=True, timeout=120)
+    assert res.stdout.startswith("plan: ") and res.stderr == "", res.stderr
