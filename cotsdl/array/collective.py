@@ -12,7 +12,7 @@ own verdict, the verdicts are reduced, and all ranks raise the same exception.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 from mpi4py import MPI
@@ -88,6 +88,22 @@ def agree(comm: MPI.Comm, **values) -> None:
         if any(s != seen[0] for s in seen):
             shown = ", ".join(f"rank {r}: {_short(s)}" for r, s in enumerate(seen) if r < 8)
             raise agreed(ValueError(f"ranks disagree on {key}: {shown}"))
+
+
+def differences(comm: MPI.Comm, value: Any, show: Callable[[Any], str] = repr) -> str | None:
+    """None when every rank passes an equal ``value`` (one allgather), else the ranks grouped by
+    what they passed: ``rank 0: X; ranks 1, 2: Y`` (``show`` renders a value)."""
+    everyone = comm.allgather(value)
+    if all(v == everyone[0] for v in everyone):
+        return None
+    groups: list[tuple[Any, list[int]]] = []
+    for rank, v in enumerate(everyone):
+        same = next((ranks for seen, ranks in groups if seen == v), None)
+        if same is None:
+            groups.append((v, [rank]))
+        else:
+            same.append(rank)
+    return "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {show(v)}" for v, r in groups)
 
 
 def _short(value, limit: int = 120) -> str:

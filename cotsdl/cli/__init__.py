@@ -73,17 +73,12 @@ def _same_command(argv: list[str] | None) -> None:
 
     if not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() == 1:
         return
-    from ..array.collective import agreed  # noqa: PLC0415
+    from ..array.collective import agreed, differences  # noqa: PLC0415
 
-    mine = list(sys.argv[1:] if argv is None else argv)
-    everyone = mpi.COMM_WORLD.allgather(mine)
-    if all(a == everyone[0] for a in everyone):
+    said = differences(mpi.COMM_WORLD, list(sys.argv[1:] if argv is None else argv),
+                       lambda a: "cotsdl " + " ".join(a))
+    if said is None:
         return
-    groups: dict[tuple, list[int]] = {}
-    for rank, a in enumerate(everyone):
-        groups.setdefault(tuple(a), []).append(rank)
-    said = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: cotsdl {' '.join(c)}"
-                     for c, r in groups.items())
     raise agreed(ValueError(f"the ranks were started with different commands ({said}); start every rank "
                             "with the same command (cotsdl is not an MPMD program)"))
 

@@ -54,10 +54,9 @@ def _load_run(run: Path) -> tuple[dict[str, Any], Path, dict[str, Any]]:
 
 def _input_settings(cfg: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
     """What a run's network took as input: preprocessing and the input LCN it was trained with."""
-    from .run import from_config  # noqa: PLC0415
+    from .run import input_lcn  # noqa: PLC0415
 
-    configured = from_config(cfg, "config.toml").data.input_lcn
-    saved = (meta.get("data") or {}).get("input_lcn", configured)  # older checkpoints: the config
+    saved = (meta.get("data") or {}).get("input_lcn", input_lcn(cfg["data"]))  # older checkpoints: the config
     return {"preprocess": cfg["data"]["preprocess"], "std_floor": cfg["data"]["std_floor"], "input_lcn": saved}
 
 

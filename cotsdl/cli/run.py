@@ -98,6 +98,12 @@ class RunSpec:
         return self.data.batch * self.parallel.replicas
 
 
+def input_lcn(dc: dict[str, Any]) -> dict[str, Any] | None:
+    """A resolved ``[data]`` table's ``input_lcn`` as recorded in checkpoints ({size, sigma, eps}; None: off)."""
+    lcn = dc.get("input_lcn") or {}
+    return {"size": int(lcn["size"]), "sigma": float(lcn["sigma"]), "eps": float(lcn["eps"])} if lcn.get("size") else None
+
+
 def from_config(cfg: dict[str, Any], source: str) -> RunSpec:
     """The typed objects of a resolved config (``config.validate``), or :class:`config.ConfigError`."""
     try:
@@ -115,10 +121,8 @@ def from_config(cfg: dict[str, Any], source: str) -> RunSpec:
             f"and {cols} column(s) unread; choose a size and stride that tile the input, or set "
             "network.allow_crop = true to drop them")
     dc, tc, pc, rc = cfg["data"], cfg["train"], cfg["parallel"], cfg["run"]
-    lcn = dc.get("input_lcn") or {}
     data = DataSpec(dc["file"], dc["batch"], dc["seed"], dc["shuffle"], dc["preprocess"], float(dc["std_floor"]),
-                    dc["prefetch"], {"size": int(lcn["size"]), "sigma": float(lcn["sigma"]), "eps": float(lcn["eps"])}
-                    if lcn.get("size") else None)
+                    dc["prefetch"], input_lcn(dc))
     train = TrainSpec(tc["steps"], tc["epochs"], float(tc["lam"]), tc["tied"],
                       [None if v == "none" else v if v == "auto" else float(v) for v in tc["filter_norm"]],
                       tc["seed"], np.dtype(tc["dtype"]), tc["checkpoint_every"], tc["keep"], tc["log_every"],

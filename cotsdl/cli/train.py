@@ -162,6 +162,8 @@ def _same_file(comm, what: str, path) -> str | None:
     of its first MiB) agree, else the ranks and the difference are named (one allgather)."""
     import hashlib  # noqa: PLC0415
 
+    from ..array.collective import differences  # noqa: PLC0415
+
     try:
         p = Path(path).resolve()
         st = p.stat()
@@ -170,15 +172,8 @@ def _same_file(comm, what: str, path) -> str | None:
         mine = (str(p), st.st_size, st.st_mtime_ns, head)
     except OSError as e:
         mine = (str(path), f"unreadable: {e.strerror or e}", None, None)
-    everyone = comm.allgather(mine)
-    if all(e == everyone[0] for e in everyone):
-        return None
-    groups: dict[tuple, list[int]] = {}
-    for r, e in enumerate(everyone):
-        groups.setdefault(e, []).append(r)
-    said = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {e[0]} (size {e[1]}, mtime_ns "
-                     f"{e[2]}, first-MiB hash {e[3]})" for e, r in groups.items())
-    return (f"{what}: the ranks do not read the same file ({said}); give every rank the same file (an absolute path, "
+    said = differences(comm, mine, lambda e: f"{e[0]} (size {e[1]}, mtime_ns {e[2]}, first-MiB hash {e[3]})")
+    return None if said is None else (f"{what}: the ranks do not read the same file ({said}); give every rank the same file (an absolute path, "
             "on a filesystem every node sees)")
 
 
