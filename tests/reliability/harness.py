@@ -29,6 +29,10 @@ class CaseFailed(Exception):
     pass
 
 
+class CaseSkipped(Exception):
+    """The machine cannot run this case (said in its line; the summary counts it)."""
+
+
 class Hang(Exception):
     pass
 

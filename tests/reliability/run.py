@@ -31,6 +31,7 @@ if not __package__:  # started as a file: the harness and the shared helpers are
     sys.exit("run the reliability suite as a module, from the repository root: python -m tests.reliability.run")
 from .harness import (  # noqa: E402
     CaseFailed,
+    CaseSkipped,
     Ctx,
     HERE,
     Hang,
@@ -64,71 +65,6 @@ def case_config_negative_steps(ctx):
 def case_config_fractional_channels(ctx):
     _bad_input(ctx, "network.stages[0].filter.channels = 2.5: must be an integer >= 1",
                sets=["network.stages[0].filter.channels=2.5"])
-
-
-def case_config_pool_eps_zero(ctx):
-    """Rejected when the config is read, on every rank, before a run folder exists (it used to fail
-    later, on one rank, after the folder was written)."""
-    _bad_input(ctx, "network.stages[0].pool.eps = 0.0: must be a number > 0", sets=["network.stages[0].pool.eps=0.0"])
-    check(not (ctx.tmp / "run").exists(), "a run folder was made")
-
-
-def case_config_stride_does_not_tile(ctx):
-    """A stride that does not tile its input would drop pixels silently: refused unless allow_crop."""
-    _bad_input(ctx, "network.stages[1].filter: its 2x2 windows at stride 2x2 over a 5x5 input leave 1 row(s) and "
-               "1 column(s) unread", sets=["network.stages[1].filter.stride=[2, 2]"])
-
-
-def case_config_not_utf8(ctx):
-    ctx.data()
-    cfg = ctx.config()
-    cfg.write_bytes(cfg.read_bytes().replace(b"[data]", b"# caf\xe9 (latin-1)\n[data]"))
-    before = snapshot(ctx.tmp)
-    j = cotsdl_run(ctx.tmp, ["train", cfg])
-    expect_error(ctx, j, f"config {cfg}: not UTF-8 text", 2)
-    account(ctx, before)
-
-
-def _with_foreign(path, how):
-    """A valid dataset that also reaches outside itself (or claims more than it holds)."""
-    import h5py
-
-    write_dataset(path, np.random.default_rng(0).integers(0, 256, (40, 12, 12), dtype=np.uint8))
-    with h5py.File(path, "a") as f:
-        how(f, path)
-    return path
-
-
-def case_data_external_link(ctx):
-    """A dataset file must not make every rank read another file (here: a dangling external link)."""
-    import h5py
-
-    data = _with_foreign(ctx.tmp / "ext.h5", lambda f, p: f.__setitem__("labels", h5py.ExternalLink("/nonexistent.h5", "/x")))
-    _bad_input(ctx, "'/labels' is an external link (to /nonexistent.h5:/x)", data=data)
-
-
-def case_data_virtual_dataset(ctx):
-    import h5py
-
-    def virtual(f, p):
-        src = p.with_name("src.h5")
-        write_dataset(src, np.zeros((40, 12, 12), np.uint8))
-        lay = h5py.VirtualLayout(shape=(40, 12, 12), dtype=np.uint8)
-        lay[:] = h5py.VirtualSource(str(src), "images", shape=(40, 12, 12))
-        del f["images"]
-        f.create_virtual_dataset("images", lay)
-    _bad_input(ctx, "'/images' is a virtual dataset", data=_with_foreign(ctx.tmp / "virt.h5", virtual))
-
-
-def case_data_declares_2_to_the_40_images(ctx):
-    def huge(f, p):
-        for k in ("images", "image_mean", "image_std"):
-            del f[k]
-        f.create_dataset("images", shape=(2 ** 40, 12, 12), dtype=np.uint8, chunks=(1, 12, 12))
-    _bad_input(ctx, "'/images' declares (1099511627776, 12, 12) in 1099511627776 chunk(s) but the file stores 0",
-               data=_with_foreign(ctx.tmp / "huge.h5", huge))
-    j = cotsdl_run(ctx.tmp, ["inspect", ctx.tmp / "huge.h5"], ranks=1, name="inspect")
-    check(j.rc == 2 and "NOT VALID" in j.out, f"inspect calls the file valid ({j.rc}): {j.out[-400:]}")
 
 
 def case_data_missing(ctx):
@@ -463,57 +399,6 @@ def case_second_run_on_the_same_folder(ctx):
     check(steps == sorted(set(steps)), f"metrics.jsonl has interleaved or repeated steps: {steps}")
 
 
-def _mpmd(ctx, left, right, name, cwd=(None, None)):
-    """mpiexec -n 1 [left] : -n 1 [right]: two ranks started with different arguments (or folders)."""
-    cmd = [MPIEXEC]
-    for args, wdir in zip((left, right), cwd):
-        cmd += (["-n", "1"] + (["-wdir", str(wdir)] if wdir else []) + [PY, "-m", "mpi4py", "-m", "cotsdl"]
-                + list(map(str, args)) + [":"])
-    j = Job(cmd[:-1], ctx.tmp, name)
-    j.wait()
-    return j
-
-
-def case_mpmd_other_command(ctx):
-    """train on one rank, info on the other: refused on both at once (it used to hang)."""
-    ctx.data()
-    cfg = ctx.config()
-    before = snapshot(ctx.tmp)
-    j = _mpmd(ctx, ["train", cfg], ["info"], "mpmd")
-    expect_error(ctx, j, "the ranks were started with different commands (rank 0: cotsdl train", 2)
-    check(not (ctx.tmp / "run").exists(), "a run folder was made")
-    account(ctx, before)
-
-
-def case_mpmd_other_config_content(ctx):
-    """The same command, but each rank's config file says something else: the differing key is named."""
-    ctx.data()
-    (ctx.tmp / "a").mkdir()
-    (ctx.tmp / "b").mkdir()
-    ctx.config(name="a/c.toml")
-    text = (ctx.tmp / "a" / "c.toml").read_text()
-    (ctx.tmp / "b" / "c.toml").write_text(text.replace("steps = [6, 6]", "steps = [6, 7]"))
-    before = snapshot(ctx.tmp)
-    j = _mpmd(ctx, ["train", "c.toml"], ["train", "c.toml"], "mpmd", cwd=(ctx.tmp / "a", ctx.tmp / "b"))
-    expect_error(ctx, j, "train.steps: [6, 6] -> [6, 7]", 2)
-    account(ctx, before)
-
-
-def case_mpmd_other_data_file(ctx):
-    """The same command and config, a relative data path that names another file on each rank."""
-    for d, seed in (("a", 0), ("b", 1)):
-        (ctx.tmp / d).mkdir()
-        write_dataset(ctx.tmp / d / "tiny.h5", np.random.default_rng(seed).integers(0, 256, (40, 12, 12), dtype=np.uint8))
-    cfg_text = ctx.config(data="tiny.h5").read_text()
-    for d in ("a", "b"):
-        (ctx.tmp / d / "c.toml").write_text(cfg_text)
-    before = snapshot(ctx.tmp)
-    j = _mpmd(ctx, ["train", "c.toml"], ["train", "c.toml"], "mpmd", cwd=(ctx.tmp / "a", ctx.tmp / "b"))
-    expect_error(ctx, j, "data.file: the ranks do not read the same file", 2)
-    check(not (ctx.tmp / "run").exists(), "a run folder was made")
-    account(ctx, before)
-
-
 def case_sigstop_one_rank_watchdog(ctx):
     """A rank stopped by SIGSTOP leaves the others waiting in a collective: the watchdog ends the job within
     its time, naming the stopped rank; the re-run resumes and ends bitwise as an uninterrupted run."""
@@ -527,63 +412,6 @@ def case_sigstop_one_rank_watchdog(ctx):
     lines = [ln for ln in job.err.splitlines() if "watchdog" in ln]
     check(len(lines) == 1, f"expected one watchdog message, got {len(lines)}: {job.err[-800:]}")
     check(f"rank 1 (host {os.uname().nodename}, pid {pid}" in lines[0], f"the stopped rank is not named: {lines[0]}")
-
-
-class CaseSkipped(Exception):
-    """The machine cannot run this case (said in its line; the summary counts it)."""
-
-
-def case_disk_really_full_during_checkpoint(ctx):
-    """A real full disk (ENOSPC from a 2 MiB tmpfs; root only): one message, exit 1, no traceback or
-    signal, every committed checkpoint still verifies, and the run resumes once there is room."""
-    import subprocess
-
-    from cotsdl.io import checkpoint
-
-    disk = ctx.tmp / "disk"
-    disk.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
-                                           capture_output=True).returncode:
-        raise CaseSkipped("needs root to mount a 2 MiB tmpfs (the file-size-limit case covers the rest)")
-    try:
-        ctx.data(size=16)
-        cfg = ctx.config(run="disk/run", steps=40, every=2, size=16, c0=16, c1=8)
-        j = cotsdl_run(ctx.tmp, ["train", cfg], name="full")
-        check(j.rc == 1, f"exit status {j.rc} on a full disk, expected 1; stderr: {j.err[-600:]}")
-        lines = [ln for ln in j.err.splitlines() if ln.startswith("cotsdl: error")]
-        check(len(lines) == 1 and "No space left on device" in lines[0], f"not one clear message: {j.err[-800:]}")
-        check("Traceback" not in j.err and "Segmentation" not in j.err, f"a traceback or crash: {j.err[-800:]}")
-        ckpts = committed(disk / "run")
-        check(ckpts, "no checkpoint was committed before the disk filled")
-        bad = [f"{c.name}: {r}" for c in ckpts if (r := checkpoint.verify(c)) is not None]
-        check(not bad, f"committed checkpoints damaged: {bad}")
-        check(not list((disk / "run" / "checkpoints").glob(".ckpt-*.partial")), "a .partial folder is left")
-        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
-        again = cotsdl_run(ctx.tmp, ["train", cfg], name="again")
-        check(again.rc == 0 and f"resumed from {ckpts[-1]}" in again.out,
-              f"no resume once there was room ({again.rc}): {again.err[-600:]}")
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
-
-
-def case_disk_really_full_for_prepare_data(ctx):
-    """A dataset too big for the disk is refused before a byte is written (free space checked first)."""
-    import subprocess
-
-    disk = ctx.tmp / "disk"
-    disk.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
-                                           capture_output=True).returncode:
-        raise CaseSkipped("needs root to mount a 2 MiB tmpfs")
-    try:
-        j = Job([PY, "-m", "cotsdl", "prepare-data", "synthetic", str(disk / "x.h5"), "--count", "20000", "--size",
-                 "32", "32"], ctx.tmp, "prep")
-        j.wait()
-        expect_error(ctx, j, "only", 1)
-        check("MiB are free in" in j.err, f"the message does not say what is free: {j.err[-400:]}")
-        check(not list(disk.iterdir()), f"left behind: {[p.name for p in disk.iterdir()]}")
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
 def case_disk_full_during_checkpoint(ctx):
@@ -618,41 +446,6 @@ def case_disk_full_during_checkpoint(ctx):
           f"no resume from the intact checkpoint after the disk was freed ({again.rc}): {again.err[-600:]}")
 
 
-def case_prepare_data_sigterm(ctx):
-    """prepare-data stopped by SIGTERM while writing: one message, 143, no partial file left behind."""
-    out = ctx.tmp / "big.h5"
-    j = Job([PY, "-m", "cotsdl", "prepare-data", "synthetic", str(out), "--count", "400000", "--size", "32", "32"],
-            ctx.tmp, "prep")
-    if not wait_for(lambda: any(p.name.endswith(".partial") for p in ctx.tmp.iterdir()), j, timeout=60):
-        j.kill()
-        j.wait()
-        raise CaseFailed(f"no partial file appeared (status {j.rc}): {j.err[-400:]}")
-    time.sleep(0.3)
-    t = time.monotonic()
-    j.proc.send_signal(signal.SIGTERM)
-    j.wait()
-    ctx.note_exit(j.t_end - t)
-    expect_error(ctx, j, "stopped by SIGTERM: nothing was written", 128 + signal.SIGTERM)
-    left = [p.name for p in ctx.tmp.iterdir() if p.name.endswith(".partial") or p.name == "big.h5"]
-    check(not left, f"left behind: {left}")
-
-
-def case_disk_full_during_stats(ctx):
-    """prepare-data stats on a full disk: one message, exit 1, the dataset byte for byte as it was."""
-    data = ctx.tmp / "big.h5"
-    write_dataset(data, np.random.default_rng(0).integers(0, 256, (300, 32, 32), dtype=np.uint8))
-    before = snapshot(ctx.tmp)
-    limit = data.stat().st_size // 2  # the copy the statistics are written into cannot be completed
-    j = Job([PY, str(HERE / "fsize_limited.py"), str(limit), "prepare-data", "stats", str(data), "--force"],
-            ctx.tmp, "stats")
-    j.wait()
-    expect_error(ctx, j, "the file is unchanged", status=1)
-    check(not [p.name for p in ctx.tmp.iterdir() if p.name.startswith(".big.h5")], "a temporary copy is left")
-    account(ctx, before)
-    ok = cotsdl_run(ctx.tmp, ["inspect", str(data)], ranks=1, name="inspect")
-    check(ok.rc == 0, f"the dataset no longer inspects clean ({ok.rc}): {ok.out[-400:]} {ok.err[-400:]}")
-
-
 def _nonfinite(ctx, mode):
     ck = ctx.tmp / "ck"
     j = Job([MPIEXEC, "-n", "2", PY, "-m", "mpi4py", str(HERE / "nonfinite_job.py"), mode, str(ck), str(ctx.tmp)],
@@ -685,7 +478,10 @@ def case_nonfinite_repeated_stops_with_checkpoint_intact(ctx):
 
 # ---------------------------------------------------------------- driver
 
-CASES = [(name[5:], fn) for name, fn in list(globals().items()) if name.startswith("case_") and callable(fn)]
+from . import disks, inputs  # noqa: E402 - the cases of round two, by what they break
+
+CASES = [(name[5:], fn) for space in (globals(), vars(inputs), vars(disks)) for name, fn in list(space.items())
+         if name.startswith("case_") and callable(fn)]
 
 
 def main(argv):
