@@ -52,20 +52,22 @@ def sum_values(comm: MPI.Comm | None, values: Iterable[float]) -> np.ndarray:
     return a if comm is None else allreduce(comm, a)
 
 
-def raise_collectively(comm: MPI.Comm, error: str | None, exc_type: type[Exception] = ValueError) -> None:
+def raise_collectively(comm: MPI.Comm, error: str | OSError | None, exc_type: type[Exception] = ValueError) -> None:
     """Raise ``exc_type`` on every rank of ``comm`` if any rank passes an ``error``.
 
     The message is the error of the lowest failing rank, so every rank raises the
-    same text.  Costs one small allreduce when all is well.
+    same text.  An ``OSError`` passed as the error (the machine's failure, e.g. a full
+    disk, not bad input) is raised as an ``OSError`` whatever ``exc_type`` says.  Costs
+    one small allreduce when all is well.
     """
     failed = comm.allreduce(0 if error is None else 1, op=MPI.MAX)
     if not failed:
         return
-    errors = comm.allgather(error)
-    rank, msg = next((r, e) for r, e in enumerate(errors) if e is not None)
+    errors = comm.allgather(None if error is None else (isinstance(error, OSError), str(error)))
+    rank, (machine, msg) = next((r, e) for r, e in enumerate(errors) if e is not None)
     nfail = sum(e is not None for e in errors)
     more = f"; {nfail - 1} more rank(s) failed too" if nfail > 1 else ""
-    raise agreed(exc_type(f"{msg} [reported by rank {rank} of {comm.Get_size()}{more}]"))
+    raise agreed((OSError if machine else exc_type)(f"{msg} [reported by rank {rank} of {comm.Get_size()}{more}]"))
 
 
 def agreed(exc: Exception) -> Exception:

@@ -64,6 +64,33 @@ def _launched_size() -> int:
     return 1
 
 
+def _launched_rank() -> int:
+    """This process's rank as the launcher announces it (0 when none does): who speaks before MPI starts."""
+    import os  # noqa: PLC0415
+
+    for key in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return 0
+
+
+def stop_on_signals() -> None:
+    """The program's own handling of SIGTERM and SIGUSR1 (a scheduler's stop and warning), from its
+    first line until a command installs its own (``train`` checkpoints, ``prepare-data`` cleans up):
+    one message (rank 0) and status 128 + signal, by an exception, so that every ``finally`` runs and
+    a file being written is removed, never left half-written.  Ctrl-C (SIGINT) is main's to report."""
+    import signal  # noqa: PLC0415
+
+    def stop(signum, frame):
+        if _launched_rank() == 0:
+            print(f"cotsdl: stopped by {signal.Signals(signum).name}; nothing was left half-written",
+                  file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, stop)
+
+
 def _same_command(argv: list[str] | None) -> None:
     """Under ``mpiexec`` every rank must run the same command: an MPMD launch (``-n 1 cotsdl train
     … : -n 1 cotsdl info``) would leave some ranks waiting forever.  One allgather at start."""
@@ -84,6 +111,16 @@ def _same_command(argv: list[str] | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command line; returns the exit status."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C where no command handles it: one line, not a traceback
+        if _rank() == 0:
+            print("cotsdl: interrupted (Ctrl-C); nothing was left half-written", file=sys.stderr, flush=True)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     try:  # before parsing: a rank whose arguments do not parse must not leave the others waiting
         _same_command(argv)
     except ValueError as e:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from ..backend import BACKENDS
 from ..checks import REQUIRED, Param
+from ..io.reader import STD_FLOOR
 from ..train import optim, schedules
 
 
@@ -146,7 +147,7 @@ SCHEMA: dict[str, Any] = {
              "seed": Key(integer(0), 0, "seed of the per-epoch shuffles"),
              "shuffle": Key(boolean, True),
              "preprocess": Key(choice("standardize", "center", "none"), "standardize"),
-             "std_floor": Key(number(0, lo_open=True), 0.01, "floor of the per-image std"),
+             "std_floor": _key(STD_FLOOR),
              "prefetch": Key(boolean, True, "read the next minibatch in a background thread"),
              "input_lcn": {"size": Key(odd_size(off=True), 0,
                                        "0: off; else LCN of every input image with this odd window width"),
@@ -184,10 +185,12 @@ def _fmt(v: Any) -> str:
 
 
 class _Checker:
-    def __init__(self, source: str):
-        self.source = source
+    def __init__(self, source: str, given: dict[str, str] | None = None):
+        self.source, self.given = source, given or {}
 
     def fail(self, path: str, value: Any, what: str) -> None:
+        if path in self.given:  # a value from the command line: named there, exactly as it was typed
+            raise ConfigError(f"--set {path} = {self.given[path]}: {what}")
         raise ConfigError(f"{self.source}: {path} = {_fmt(value)}: {what}")
 
     def table(self, path: str, data: Any, schema: dict[str, Any]) -> dict[str, Any]:
@@ -239,9 +242,10 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def validate(data: dict[str, Any], source: str = "config") -> dict[str, Any]:
-    """The resolved config (defaults filled in), or :class:`ConfigError`."""
-    ck = _Checker(source)
+def validate(data: dict[str, Any], source: str = "config", given: dict[str, str] | None = None) -> dict[str, Any]:
+    """The resolved config (defaults filled in), or :class:`ConfigError`; ``given`` maps the key paths
+    set on the command line to their ``--set`` text (errors name it instead of the file)."""
+    ck = _Checker(source, given)
     cfg = ck.table("", data, SCHEMA)
     tr, nstages = cfg["train"], len(cfg["network"]["stages"])
     if (tr["steps"] is None) == (tr["epochs"] is None):
@@ -271,8 +275,9 @@ def diff(old: Any, new: Any, path: str = "") -> list[str]:
 _PATH = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)")
 
 
-def apply_override(data: dict[str, Any], assignment: str) -> None:
-    """``key.path=value`` (TOML value; a bare word is a string), e.g. ``network.stages[1].filter.channels=8``."""
+def apply_override(data: dict[str, Any], assignment: str) -> Any:
+    """``key.path=value`` (TOML value; a bare word is a string), e.g. ``network.stages[1].filter.channels=8``;
+    returns the value set."""
     if "=" not in assignment:
         raise ConfigError(f"--set {assignment}: expected KEY.PATH=VALUE")
     path, text = (s.strip() for s in assignment.split("=", 1))
@@ -306,6 +311,7 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
         node[last] = value
     else:
         raise ConfigError(f"--set {assignment}: {path} does not name a table")
+    return value
 
 
 def load(path: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
@@ -322,9 +328,13 @@ def load(path: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
         raise ConfigError(f"config {p}: not valid TOML: {e}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"config {p}: not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8") from None
+    given = {}  # key path -> its value as typed (TOML; a bare word is shown as the string it became)
     for o in overrides:
-        apply_override(data, o)
-    return validate(data, str(p))
+        value = apply_override(data, o)
+        path, text = (t.strip() for t in o.split("=", 1))
+        given[re.sub(r"\s", "", path)] = text if not isinstance(value, str) or text.startswith(("'", '"')) \
+            else _fmt(value)
+    return validate(data, str(p), given)
 
 
 # -- writing TOML (resolved configs only: tables, arrays of tables, plain values) ------

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..io.atomic import write_atomic
+from ..io.atomic import Appender, DiskError, is_machine_error, write_atomic
 from . import config as cfgmod
 from .run import RunSpec
 
@@ -20,22 +20,37 @@ class Tee:
     """Rank 0's log: the terminal and ``log.txt`` (progress-bar updates only on the terminal)."""
 
     def __init__(self, path: Path):
-        self.file = open(path, "a", buffering=1)
+        self.file: Appender | None = Appender(path)
+        self.pending = ""  # print() writes a line and its newline separately: the log gets whole lines
 
     def write(self, text: str) -> None:
         sys.stdout.write(text)
-        if not text.startswith("\r"):
-            self.file.write(text)
+        if self.file is not None and not text.startswith("\r"):
+            self.pending += text
+            cut = self.pending.rfind("\n") + 1
+            if not cut:
+                return
+            line, self.pending = self.pending[:cut], self.pending[cut:]
+            try:
+                self.file.append(line)
+            except OSError as e:  # rank 0 alone: the log is a copy of the terminal; keep training
+                self.file = None
+                print(f"warning: {e}; the log is no longer written", file=sys.stderr, flush=True)
 
     def flush(self) -> None:
         sys.stdout.flush()
-        self.file.flush()
 
     def isatty(self) -> bool:
         return sys.stdout.isatty()
 
     def close(self) -> None:
-        self.file.close()
+        if self.file is not None:
+            try:
+                if self.pending:  # a last line without its newline
+                    self.file.append(self.pending + "\n")
+            except OSError:
+                pass  # the appender left the log as it was; the terminal has the line
+            self.file.close()
 
 
 def inspect_run(spec: RunSpec) -> tuple[str | None, dict | None]:
@@ -145,11 +160,13 @@ def trim_metrics(path: Path, step: int) -> None:
         write_atomic(path, "".join(keep))
 
 
-def acquire_lock(lock) -> str | None:
+def acquire_lock(lock) -> str | DiskError | None:
+    """None (held), the refusal or a bad folder (a message: exit 2), or the machine's failure (a DiskError)."""
     try:
         return lock.acquire()
     except OSError as e:
-        return f"run.folder {lock.path.parent}: cannot lock {lock.path.name}: {e.strerror or e}"
+        err = f"run.folder {lock.path.parent}: cannot lock {lock.path.name}: {e.strerror or e}"
+        return DiskError(err) if is_machine_error(e) else err
 
 
 def report(folder: Path, network, tr, backend_name: str, ranks: int, wall: float, say) -> None:

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..io.atomic import write_atomic
+from ..io.atomic import DiskError, is_machine_error, write_atomic
 from . import config as cfgmod
 from . import run as run_spec
 from .run import DataSpec, RunSpec
@@ -76,12 +76,13 @@ def setup_backend(spec: RunSpec, comm) -> str:
     return name
 
 
-def _agreed(err: str | None) -> None:
-    """Raise an error every rank holds (it was broadcast) on every rank."""
+def _agreed(err: str | OSError | None) -> None:
+    """Raise an error every rank holds (it was broadcast) on every rank: bad input (a message) or the
+    machine's failure (an OSError, exit 1)."""
     from ..array.collective import agreed  # noqa: PLC0415 - MPI only for commands that use it
 
     if err:
-        raise agreed(ValueError(err))
+        raise agreed(OSError(str(err)) if isinstance(err, OSError) else ValueError(err))
 
 
 def run(args) -> int:
@@ -213,6 +214,7 @@ def _train(spec: RunSpec, data, meta, backend_name, guard, comm, t_start, lock=N
                 err = acquire_lock(lock)
         except OSError as e:
             err = f"run.folder {folder}: cannot write: {e.strerror or e}"
+            err = DiskError(err) if is_machine_error(e) else err  # exit 1, not 2 (bad input)
     raise_collectively(comm, err)
     if root:
         try:
@@ -223,6 +225,7 @@ def _train(spec: RunSpec, data, meta, backend_name, guard, comm, t_start, lock=N
             log = Tee(folder / "log.txt")
         except OSError as e:
             err = f"run.folder {folder}: cannot write: {e.strerror or e}"
+            err = DiskError(err) if is_machine_error(e) else err  # exit 1, not 2 (bad input)
     raise_collectively(comm, err)
     say = (lambda m: print(m, file=log, flush=True)) if root else (lambda m: None)
     dog = None

@@ -6,6 +6,7 @@ same folder, then ``os.replace``), closes the figure and returns the path.
 """
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -39,9 +40,11 @@ def _save(fig, path: str | os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        return write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=DPI))
+        image = io.BytesIO()  # rendered first: its size is known before the disk is touched
+        fig.savefig(image, format="png", dpi=DPI)
     finally:
         fig.clear()
+    return write_atomic(path, image.getvalue())
 
 
 def _hwc(a: Any) -> np.ndarray:

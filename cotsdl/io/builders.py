@@ -30,7 +30,7 @@ from typing import Iterable, Sequence
 import h5py
 import numpy as np
 
-from .atomic import DiskError
+from .atomic import DiskError, ensure_free
 from .augment import MATCH_MIN_STD, Augmentation, cycle as _cycle, matched_crops as _matched_crops
 from .augment import phase_scrambled_views as _phase_scrambled, to_uint8 as _to_uint8, views as _views
 from .dataset import DatasetError, DatasetWriter, image_stats, inspect, write_dataset
@@ -395,12 +395,9 @@ def add_stats(path: str | os.PathLike, chunk: int = 256, force: bool = False) ->
         images = f["images"]
         for i in range(0, info.count, chunk):
             mean[i:i + chunk], std[i:i + chunk] = image_stats(images[i:i + chunk])
-    need = path.stat().st_size + 2 * mean.nbytes + (1 << 20)
-    free = shutil.disk_usage(path.parent).free
-    if free < need:
-        raise DiskError(f"{path}: not enough free space beside it to add the statistics safely "
-                           f"({free / 2**20:.1f} MiB free, {need / 2**20:.1f} MiB needed for a copy); the file is "
-                           "unchanged")
+    # a copy of the file gets the statistics: room for all of it beside the file
+    ensure_free(path.parent, path.stat().st_size + 2 * mean.nbytes + (1 << 20), f"{path} (adding the statistics)",
+                after="the file is unchanged")
     tmp = path.with_name(f".{path.name}.stats-{os.getpid()}.tmp")
     try:
         shutil.copy2(path, tmp)

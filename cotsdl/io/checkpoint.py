@@ -29,7 +29,7 @@ from mpi4py import MPI
 from .. import backend
 from ..array.box import Box
 from ..array.collective import raise_collectively
-from .atomic import write_atomic
+from .atomic import DiskError, ensure_free, write_atomic
 from .h5safe import storage_problems
 
 _NAME = re.compile(r"^ckpt-(\d{9})$")
@@ -134,6 +134,7 @@ def save(folder: str | os.PathLike, step: int, comm: MPI.Comm, arrays: dict[str,
                     d.attrs["lo"], d.attrs["hi"] = np.array(box.lo), np.array(box.hi)
                     pieces.append({"name": name, "file": fname, "lo": list(box.lo), "hi": list(box.hi)})
             blob = image.getbuffer()
+            ensure_free(partial, len(blob), str(partial / fname))
             with open(tmp, "wb") as fh:
                 fh.write(blob)
                 fh.flush()
@@ -142,6 +143,8 @@ def save(folder: str | os.PathLike, step: int, comm: MPI.Comm, arrays: dict[str,
             files[fname] = {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
             del blob
             image.close()
+        except DiskError as e:  # free space checked first: the message names the file
+            err = f"cannot write checkpoint: {e}"
         except Exception as e:  # noqa: BLE001 - every rank must learn of it
             text = f"{type(e).__name__}: {e}"
             code = getattr(e, "errno", None) or next((int(m) for m in re.findall(r"errno = (\d+)", text)), None)

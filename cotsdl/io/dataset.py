@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +34,7 @@ from typing import Any, Sequence
 import h5py
 import numpy as np
 
-from .atomic import DiskError
+from .atomic import DiskError, ensure_free
 from .h5safe import storage_problems
 
 FORMAT_VERSION = 1
@@ -126,12 +125,12 @@ class DatasetWriter:
             raise DatasetError(f"{self.path}: cannot make folder {folder}: {e.strerror}") from None
         # free space first: HDF5 that meets a full disk mid-file fails obscurely (and may crash at exit)
         need = int(count) * int(np.prod(image_shape)) * dtype.itemsize * (1 if compression is None else 0) + 8 * count * 6
-        free = shutil.disk_usage(folder).free
-        if free < need + (16 << 20):
+        try:
+            ensure_free(folder, need + (16 << 20), f"{self.path} ({count} images of {tuple(image_shape)} {dtype})")
+        except DiskError:
             for p in reversed(self._made):
                 p.rmdir()
-            raise DiskError(f"{self.path}: {count} images of {tuple(image_shape)} {dtype} need about "
-                            f"{need / 2**20:.1f} MiB, only {free / 2**20:.1f} MiB are free in {folder}")
+            raise
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".partial", dir=folder)
         os.close(fd)
         self._tmp = Path(tmp)

@@ -21,10 +21,14 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from ..checks import Param
 from ..array.box import Box
 from .dataset import DEFAULT_KIND_NAMES, DatasetError, check_for_network, inspect, pixel_scale
 from .order import StreamOrder
 
+#: The floor of the per-image std, a float32 divisor: beyond these bounds it rounds to 0 or to
+#: infinity in float32 (every image would be NaN or 0, and the error would blame the data).
+STD_FLOOR = Param(0.01, lo=1e-30, hi=1e30, doc="floor of the per-image std (float32: 1e-30 .. 1e30)")
 PREPROCESS = ("standardize", "center", "none")
 
 
@@ -59,8 +63,7 @@ class HDF5Source:
         self.path = Path(path)
         if preprocess not in PREPROCESS:
             raise ValueError(f"preprocess must be one of {', '.join(PREPROCESS)}, got {preprocess!r}")
-        if not float(std_floor) > 0:
-            raise ValueError(f"std_floor must be > 0, got {std_floor!r}")
+        STD_FLOOR.check("std_floor", std_floor)
         self.info = inspect(self.path)
         problems = check_for_network(self.info, self.info.image_shape, needs_stats=preprocess != "none")
         if problems:

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from ..io.atomic import append_text
+
 #: Loss terms averaged over the steps since the last log line (one minibatch is noisy).
 MEAN_KEYS = ("loss", "reconstruction", "sparsity", "recon_rel", "pooled")
 
@@ -47,9 +49,7 @@ class StepLog:
     def write(self, rec: dict[str, Any]) -> None:
         if self.metrics_file and self.is_root:
             try:
-                with open(self.metrics_file, "a") as f:
-                    f.write(json.dumps(rec) + "\n")
+                append_text(self.metrics_file, json.dumps(rec) + "\n")
             except OSError as e:  # rank 0 alone: warn and stop writing rather than leave the others waiting
-                print(f"warning: cannot append to {self.metrics_file} ({e.strerror}); metrics are no longer written",
-                      file=sys.stderr, flush=True)
+                print(f"warning: {e}; metrics are no longer written", file=sys.stderr, flush=True)
                 self.metrics_file = None

@@ -137,3 +137,16 @@ def test_what_would_fail_later_is_rejected_when_the_config_is_read(tmp_path):
     bad.write_bytes(DEMO.read_bytes().replace(b"[data]", b"# caf\xe9\n[data]", 1))
     with pytest.raises(config.ConfigError, match=f"config {bad}: not UTF-8 text"):
         config.load(bad)
+
+
+def test_a_set_value_is_named_as_typed_and_floats_beyond_float32_are_refused():
+    """std_floor divides float32 images: 1e-300 would round to 0 (every constant image NaN, blamed on
+    the data) and 1e300 to infinity; the message names the --set as typed (1e300, not 1e+300)."""
+    for typed in ("1e-300", "1e300"):
+        with pytest.raises(config.ConfigError) as e:
+            config.load(DEMO, [f"data.std_floor={typed}"])
+        assert str(e.value) == f"--set data.std_floor = {typed}: must be a number >= 1e-30 and <= 1e+30"
+    from cotsdl.io.reader import STD_FLOOR
+
+    with pytest.raises(ValueError, match=r"std_floor must be a number >= 1e-30 and <= 1e\+30, got 1e-300"):
+        STD_FLOOR.check("std_floor", 1e-300)

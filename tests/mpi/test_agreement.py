@@ -39,3 +39,16 @@ def test_different_step_counts_fail_instead_of_hanging(comm):
         tr.train([2, 2 + comm.Get_rank()])
     tr.train_stage(0, 1)  # still usable afterwards
     tr.decomposition.free()
+
+
+def test_a_machine_failure_on_one_rank_is_an_oserror_on_every_rank(comm):
+    """A full disk on the last rank (an OSError passed as the error) is raised as an OSError everywhere
+    (exit 1), bad input as the given type (exit 2); the lowest failing rank's message wins."""
+    from cotsdl.array.collective import raise_collectively
+    from cotsdl.io.atomic import DiskError
+
+    last = comm.Get_size() - 1
+    with pytest.raises(OSError, match=rf"disk full on {last} \[reported by rank {last} of"):
+        raise_collectively(comm, DiskError(f"disk full on {last}") if comm.Get_rank() == last else None)
+    with pytest.raises(ValueError, match=r"bad \[reported by rank 0 of .*; 1 more rank\(s\) failed too"):
+        raise_collectively(comm, "bad" if comm.Get_rank() == 0 else (OSError("full") if comm.Get_rank() == 1 else None))

@@ -15,6 +15,14 @@ def case_config_pool_eps_zero(ctx):
     check(not (ctx.tmp / "run").exists(), "a run folder was made")
 
 
+def case_config_std_floor_beyond_float32(ctx):
+    """A std_floor that rounds to 0 in float32 used to pass and then blame the dataset's statistics
+    (NaN images); now it is refused when the config is read, the --set named as typed."""
+    _bad_input(ctx, "--set data.std_floor = 1e-300: must be a number >= 1e-30 and <= 1e+30",
+               sets=["data.std_floor=1e-300"])
+    check(not (ctx.tmp / "run").exists(), "a run folder was made")
+
+
 def case_config_stride_does_not_tile(ctx):
     """A stride that does not tile its input would drop pixels silently: refused unless allow_crop."""
     _bad_input(ctx, "network.stages[1].filter: its 2x2 windows at stride 2x2 over a 5x5 input leave 1 row(s) and "

@@ -377,6 +377,30 @@ def case_sigterm_one_rank(ctx):
     _interrupt_and_resume(ctx, 2, _kill_rank(1, signal.SIGTERM), 75, "stopped by SIGTERM")
 
 
+def case_sigterm_while_starting(ctx):
+    """SIGTERM while the program starts (imports, config, before train's own handling): one message and
+    143, or, once train handles signals, its checkpoint and 75; never a bare -15 or a traceback; the
+    run then trains to the end.  Alone and under mpiexec (every rank gets the signal)."""
+    ctx.data()
+    cfg = ctx.config()
+    for ranks, delay in ((1, 0.1), (1, 0.3), (2, 0.3), (2, 0.6)):
+        cmd = [PY, "-m", "cotsdl", "train", str(cfg)] if ranks == 1 else \
+            [MPIEXEC, "-n", str(ranks), PY, "-m", "mpi4py", "-m", "cotsdl", "train", str(cfg)]
+        j = Job(cmd, ctx.tmp, f"start-{ranks}-{delay}")
+        time.sleep(delay)
+        t = time.monotonic()
+        (j.proc.send_signal if ranks == 1 else lambda s: os.killpg(j.pgid, s))(signal.SIGTERM)
+        j.wait()
+        ctx.note_exit(j.t_end - t)
+        where = f"{ranks} rank(s), SIGTERM after {delay} s"
+        check(j.rc in (143, 75), f"{where}: exit status {j.rc}, expected 143 or 75; stderr: {j.err[-600:]}")
+        said = "cotsdl: stopped by SIGTERM; nothing was left half-written" if j.rc == 143 else "Exit 75"
+        check((j.err + j.out).count(said) == 1, f"{where}: {said!r} not said once: {j.err[-600:]} {j.out[-300:]}")
+        check("Traceback" not in j.err, f"{where}: a traceback: {j.err[-600:]}")
+    done = cotsdl_run(ctx.tmp, ["train", cfg], 2, "finish")
+    check(done.rc == 0, f"the run did not train to the end afterwards ({done.rc}): {done.err[-600:]}")
+
+
 def case_second_run_on_the_same_folder(ctx):
     """A second training started on a run folder in use is refused (naming the first) and writes
     nothing; the first is stopped by SIGTERM, resumed, and ends bitwise as an uninterrupted run."""
