@@ -17,7 +17,9 @@ status=0
 echo "== compile check of every CUDA kernel (NVRTC, sm_70/80/90)"
 python -m cotsdl check-kernels || status=1
 echo "== serial suite"
-python -m pytest tests --ignore=tests/mpi "$@" || status=1
+# in parallel worker processes (pytest-xdist; COTSDL_TEST_WORKERS=0 runs them in this process):
+# most tests wait on subprocesses, so two workers on two cores nearly halve the wall time
+python -m pytest tests --ignore=tests/mpi -n "${COTSDL_TEST_WORKERS:-auto}" "$@" || status=1
 for P in 1 2 3 4; do
     echo "== multi-rank suite on $P rank(s)"
     mpiexec -n "$P" python -m mpi4py tests/mpi_pytest.py tests/mpi "$@" || status=1
