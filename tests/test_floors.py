@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1] / "cotsdl"
 
 #: Lowest first.  Units are the top-level modules and subpackages of ``cotsdl``.
 FLOORS = [
-    ("checks", "cudaemu"),            # plain checks; the CPU emulator of CUDA kernels (the cuda-emu backend)
+    ("checks", "progress", "cudaemu"),  # plain checks; progress bars and lines; the CPU emulator of CUDA kernels
     ("backend",),                     # numpy / cuda / cuda-emu, kernel loading
     ("array",),                       # boxes, grids, distributed arrays, exchanges, collectives
     ("ops",),                         # filter, pool, LCN on either backend

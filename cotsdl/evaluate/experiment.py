@@ -28,6 +28,7 @@ from ..array.collect import gather
 from ..array.distarray import DistArray
 from ..nn.plan import NetworkPlan
 from ..ops.cpu.parallel import single_threaded_blas
+from ..progress import Progress
 from . import bootstrap, comparisons, labeled, probe, responses, scoring, stages, stimulus
 from . import splits as splits_mod
 
@@ -128,7 +129,9 @@ def _score(subject: Subject, source: Any, y: np.ndarray, splits: list, combine: 
     """Responses of every neuron of ``subject``, its honest scores (of all neurons and of each layer),
     calls and stage probes (collective)."""
     comm = subject.plan.grid.comm
-    R, ids = _finite(comm, subject.name, *responses.collect(subject.plan, subject.params, source, len(y)))
+    with Progress(len(y), f"responses of {subject.name}", "images", enabled=comm.Get_rank() == 0) as shown:
+        R, ids = responses.collect(subject.plan, subject.params, source, len(y), shown.update)
+    R, ids = _finite(comm, subject.name, R, ids)
     per = []
     for info in infos:  # each layer once; the best of all neurons is the best of the layers' bests
         cols = _layer_columns(ids, info)

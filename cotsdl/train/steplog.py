@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
 import numpy as np
 
 from ..io.atomic import append_text
+from ..progress import Progress
 
 #: Loss terms averaged over the steps since the last log line (one minibatch is noisy).
 MEAN_KEYS = ("loss", "reconstruction", "sparsity", "recon_rel", "pooled")
@@ -18,15 +20,25 @@ class StepLog:
 
     def __init__(self, stream: Any, metrics_file: str | None, is_root: bool):
         self.stream, self.metrics_file, self.is_root = stream, metrics_file, is_root
+        self.bar = Progress(0, "", enabled=False)  # the stage under way (a bar on a terminal)
 
     def say(self, msg: str) -> None:
         if self.is_root:
-            print(msg, file=self.stream, flush=True)
+            self.bar.write(msg)
+
+    def begin(self, stage: int, done: int, total: int) -> None:
+        """A stage's steps ``done``..``total`` start: a bar on a terminal (elsewhere the log lines say it)."""
+        self.bar.close()
+        # no plain lines of its own (every = inf): off a terminal the log lines carry step/total and ETA
+        self.bar = Progress(total, f"stage {stage}", "steps", self.stream, every=math.inf, start=done,
+                            enabled=self.is_root)
+
+    def end(self) -> None:
+        self.bar.close()
 
     def progress(self, rec: dict[str, Any]) -> None:
-        """The one-line progress of a step not logged (terminals only)."""
-        if self.is_root and hasattr(self.stream, "isatty") and self.stream.isatty():
-            print(f"\rstage {rec['stage']} step {rec['stage_step']} loss {rec['loss']:.4g}", end="", file=self.stream)
+        """A step not logged: the bar moves (terminals only)."""
+        self.bar.update(rec["stage_step"], loss=f"{rec['loss']:.4g}")
 
     @staticmethod
     def add_means(rec: dict[str, Any], window: list[dict[str, Any]]) -> None:
@@ -40,10 +52,13 @@ class StepLog:
         """The log line of a step, and its metrics record."""
         comp = max(rec["seconds"] - rec["exchange_seconds"], 0.0)
         mean = f", mean of {rec['mean_over']} steps {rec['loss_mean']:.5g}" if rec.get("mean_over", 1) > 1 else ""
-        self.say(f"stage {rec['stage']} step {rec['stage_step']} (global {rec['step']}): loss {rec['loss']:.5g} "
+        self.bar.update(rec["stage_step"], loss=f"{rec['loss']:.4g}")
+        of = f"/{self.bar.total}" if self.bar.total else ""
+        self.say(f"stage {rec['stage']} step {rec['stage_step']}{of} (global {rec['step']}): loss {rec['loss']:.5g} "
                  f"(reconstruction {rec['reconstruction']:.5g}, sparsity {rec['sparsity']:.5g}{mean}); "
                  f"{rec['images_per_s']:.1f} images/s; compute {comp * 1e3:.1f} ms, exchange "
-                 f"{rec['exchange_seconds'] * 1e3:.1f} ms; lr {rec['lr']:.3g}")
+                 f"{rec['exchange_seconds'] * 1e3:.1f} ms; lr {rec['lr']:.3g}"
+                 + (f"; {self.bar.eta()}" if self.bar.total else ""))
         self.write(rec)
 
     def write(self, rec: dict[str, Any]) -> None:

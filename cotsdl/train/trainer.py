@@ -307,32 +307,36 @@ class GreedyTrainer:
         objective = StageObjective(self.plan, stage, self.lam, self.tied)
         records: list[dict[str, Any]] = []
         window: list[dict[str, Any]] = []  # the steps since the last report
-        for _ in range(int(steps)):
-            rec = self._train_step(stage, objective)
-            records.append(rec)
-            self.history.append(rec)
-            window.append(rec)
-            last = _ == int(steps) - 1  # this call's last step: the stage's filter diagnostics
-            if last:
-                rec.update(self._finish_stage(stage), filter_stats=True)
-            if self.log_every and (self.stage_step % self.log_every == 0 or last
-                                   or self.stage_step == 1):  # a stage's first loss, to compare with
-                self.steplog.add_means(rec, window)
-                li = self.filter_layers[stage]
-                if not last:  # (the diagnostics above hold these)
-                    rec.update(monitor.log_stats(self.plan, self.params[li], self._initial(stage)))
-                if not self.tied:  # the decoder may grow where the encoder shrinks: watch both
-                    rec["decoder_median_norm"] = monitor.median_norm(self.plan, self.decoders[li])
-                window = []
-                self.steplog.report(rec)
-            else:
-                self.steplog.progress(rec)
-            if self.checkpoint_dir and self.checkpoint_every and self.step % self.checkpoint_every == 0:
-                if self.bad_in_row:
-                    self._say(f"checkpoint at step {self.step} skipped: the last step was not finite")
+        self.steplog.begin(stage, self.stage_step, self.stage_step + int(steps))
+        try:
+            for _ in range(int(steps)):
+                rec = self._train_step(stage, objective)
+                records.append(rec)
+                self.history.append(rec)
+                window.append(rec)
+                last = _ == int(steps) - 1  # this call's last step: the stage's filter diagnostics
+                if last:
+                    rec.update(self._finish_stage(stage), filter_stats=True)
+                if self.log_every and (self.stage_step % self.log_every == 0 or last
+                                       or self.stage_step == 1):  # a stage's first loss, to compare with
+                    self.steplog.add_means(rec, window)
+                    li = self.filter_layers[stage]
+                    if not last:  # (the diagnostics above hold these)
+                        rec.update(monitor.log_stats(self.plan, self.params[li], self._initial(stage)))
+                    if not self.tied:  # the decoder may grow where the encoder shrinks: watch both
+                        rec["decoder_median_norm"] = monitor.median_norm(self.plan, self.decoders[li])
+                    window = []
+                    self.steplog.report(rec)
                 else:
-                    self.save()
-            self._check_stop()
+                    self.steplog.progress(rec)
+                if self.checkpoint_dir and self.checkpoint_every and self.step % self.checkpoint_every == 0:
+                    if self.bad_in_row:
+                        self._say(f"checkpoint at step {self.step} skipped: the last step was not finite")
+                    else:
+                        self.save()
+                self._check_stop()
+        finally:  # a stop on request, an error: the bar is cleared either way
+            self.steplog.end()
         return records
 
     def _initial(self, stage: int) -> Any:
