@@ -57,7 +57,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     def builder(name: str, count: bool = False, seed: bool = True, mode: bool = True):
         b = sub.add_parser(name, help=BUILDERS[name], description=BUILDERS[name])
         if name == "folder":
-            b.add_argument("src_folder", metavar="SRC", help="folder of PNG/JPEG images (sorted by name, not recursive)")
+            b.add_argument("src_folder", metavar="SRC", help="folder of PNG/JPEG images (sorted by path)")
+            b.add_argument("--recursive", action="store_true", help="read its subfolders too (else they are skipped, "
+                           "and said so)")
         b.add_argument("out", metavar="OUT", help="the HDF5 file to write (replaced only when complete)")
         if count:
             b.add_argument("--count", type=_positive, required=True, metavar="N", help="number of images")

@@ -30,6 +30,7 @@ from typing import Iterable, Sequence
 import h5py
 import numpy as np
 
+from ..progress import Progress
 from .atomic import DiskError, ensure_free
 from .augment import MATCH_MIN_STD, Augmentation, cycle as _cycle, matched_crops as _matched_crops
 from .augment import phase_scrambled_views as _phase_scrambled, to_uint8 as _to_uint8, views as _views
@@ -43,21 +44,12 @@ KIND_NAMES = ("face", "lfw_nonface", "photo_crop", "phase_scrambled", "matched_c
 DEFAULT_VIEWS = 8
 DEFAULT_SCALE = (0.5, 1.0)
 BATCH = 256
-PROGRESS_EVERY = 500
+def _progress(total: int, what: str) -> Progress:
+    """Progress of a build on stderr (a bar on a terminal, else a line every 10 s)."""
+    return Progress(total, what, "images")
 
 
-class _Progress:
-    """Progress lines on stderr every ``PROGRESS_EVERY`` images, for big builds only."""
-
-    def __init__(self, total: int, what: str):
-        self.total, self.what, self.on = total, what, total >= 2 * PROGRESS_EVERY
-
-    def __call__(self, done: int) -> None:
-        if self.on and (done % PROGRESS_EVERY == 0 or done == self.total):
-            print(f"{self.what}: {done}/{self.total} images", file=sys.stderr, flush=True)
-
-
-def _stream(w: DatasetWriter, images: Iterable[np.ndarray], progress: _Progress) -> None:
+def _stream(w: DatasetWriter, images: Iterable[np.ndarray], progress: Progress) -> None:
     """Add images one by one to the writer in batches (constant memory)."""
     batch: list[np.ndarray] = []
     for img in images:
@@ -65,9 +57,10 @@ def _stream(w: DatasetWriter, images: Iterable[np.ndarray], progress: _Progress)
         if len(batch) == BATCH:
             w.add(np.stack(batch))
             batch.clear()
-        progress(w.n + len(batch))
+        progress.update(w.n + len(batch))
     if batch:
         w.add(np.stack(batch))
+    progress.close()
 
 
 # ---------------------------------------------------------------- builders
@@ -142,7 +135,7 @@ def natural(path: str | os.PathLike, count: int, size: Sequence[int], channels: 
         vrng = np.random.default_rng([seed, 2])
         images = (_views(fitted, [face_at[i]], vrng, aug)[0] if img is None else img for i, img in enumerate(crops))
     with DatasetWriter(path, int(count), size + (channels,), np.uint8, recipe, compression=compression) as w:
-        _stream(w, images, _Progress(int(count), f"natural {path}"))
+        _stream(w, images, _progress(int(count), f"natural {path}"))
     return Path(path)
 
 
@@ -244,8 +237,9 @@ def _assemble(parts: Sequence[tuple[np.ndarray, np.ndarray | None]]) -> tuple[np
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 
 
-def _read_image(file: Path, channels: int, Image, ImageOps) -> np.ndarray:
-    """Decode one file to float64 (h, w, channels) in [0, 1]."""
+def _read_image(file: Path, channels: int, Image, ImageOps) -> tuple[np.ndarray, bool]:
+    """Decode one file to float64 (h, w, channels) in [0, 1]; and whether it was in colour (channels
+    that differ somewhere: a grey image stored as RGB is not)."""
     try:
         with Image.open(file) as im:
             im = ImageOps.exif_transpose(im)  # camera photos: stored sideways, shown upright
@@ -255,18 +249,34 @@ def _read_image(file: Path, channels: int, Image, ImageOps) -> np.ndarray:
                 arr = np.asarray(im.convert("RGB"))
     except Exception as e:  # Pillow raises many kinds (OSError, SyntaxError, ValueError...)
         raise DatasetError(f"{file}: cannot decode the image ({type(e).__name__}: {e})") from None
-    return _to_channels(_as_float(arr), channels)
+    colour = arr.ndim == 3 and bool((arr[..., 1:] != arr[..., :1]).any())
+    return _to_channels(_as_float(arr), channels), colour
+
+
+def _listing(src: Path, recursive: bool) -> tuple[list[Path], list[Path], list[Path]]:
+    """(images, other files, subfolders not read) of ``src``, sorted by path."""
+    files, skipped, folders = [], [], []
+    for f in sorted(src.rglob("*") if recursive else src.iterdir()):
+        if f.is_file():
+            (files if f.suffix.lower() in IMAGE_SUFFIXES else skipped).append(f)
+        elif f.is_dir() and not recursive:
+            folders.append(f)
+    return files, skipped, folders
 
 
 def folder(path: str | os.PathLike, src_folder: str | os.PathLike, size: Sequence[int], channels: int = 1,
-           mode: str = "crop", compression: str | None = None) -> Path:
-    """The images of a folder (PNG, JPEG, BMP, TIFF, WebP; sorted by name, not recursive), uint8.
+           mode: str = "crop", compression: str | None = None, recursive: bool = False) -> Path:
+    """The images of a folder (PNG, JPEG, BMP, TIFF, WebP; sorted by path), uint8.
 
     Parameters
     ----------
+    channels : 1 or 3
+        1: colour images are converted to grey (said on stderr, with their count); 3: RGB.
     mode : "crop" or "resize"
         "crop": center-crop each image to the aspect ratio of ``size``, then resize;
         "resize": resize (the aspect ratio changes).
+    recursive : bool
+        Read the subfolders too (else they are skipped, and said so).
 
     Other files are skipped with a warning; a file that cannot be decoded is an error.
     """
@@ -274,26 +284,39 @@ def folder(path: str | os.PathLike, src_folder: str | os.PathLike, size: Sequenc
     src = Path(src_folder)
     if not src.is_dir():
         raise DatasetError(f"{src}: no such folder" if not src.exists() else f"{src}: not a folder")
-    files, skipped = [], []
-    for f in sorted(src.iterdir()):
-        if f.is_file():
-            (files if f.suffix.lower() in IMAGE_SUFFIXES else skipped).append(f)
+    files, skipped, folders = _listing(src, recursive)
     for f in skipped:
         print(f"cotsdl: warning: {f}: not an image ({', '.join(IMAGE_SUFFIXES)}), skipped", file=sys.stderr)
+    if folders:
+        shown = ", ".join(f.name for f in folders[:5]) + (", …" if len(folders) > 5 else "")
+        print(f"cotsdl: note: {len(folders)} subfolder(s) of {src} not read ({shown}); --recursive reads them",
+              file=sys.stderr)
     if not files:
-        raise DatasetError(f"{src}: no images found ({', '.join(IMAGE_SUFFIXES)})")
+        raise DatasetError(f"{src}: no images found ({', '.join(IMAGE_SUFFIXES)})"
+                           + ("; its subfolders are read with --recursive" if folders else ""))
     pil = _need("PIL.Image", "Pillow", "the folder builder")
     ops = _need("PIL.ImageOps", "Pillow", "the folder builder")
-    names = [f.name for f in files]
-    params = {"src_folder": str(src.resolve()), "size": list(size), "channels": channels, "mode": mode}
+    names = [str(f.relative_to(src)) for f in files]
+    params = {"src_folder": str(src.resolve()), "size": list(size), "channels": channels, "mode": mode,
+              "recursive": bool(recursive)}
     listing = {"files_count": len(names), "files_sha256": hashlib.sha256("\n".join(names).encode()).hexdigest(),
-               "skipped": [f.name for f in skipped][:100]}
+               "skipped": [str(f.relative_to(src)) for f in skipped][:100]}
     if len(names) <= 10000:  # keep the attribute small for huge folders: the digest identifies them
         listing["files"] = names
     recipe = _recipe("folder", None, params, **listing)
-    images = (_to_uint8(_fit(_read_image(f, channels, pil, ops), size, mode)) for f in files)
+    colour = [0]
+
+    def images():
+        for f in files:
+            img, was_colour = _read_image(f, channels, pil, ops)
+            colour[0] += was_colour
+            yield _to_uint8(_fit(img, size, mode))
+
     with DatasetWriter(path, len(files), size + (channels,), np.uint8, recipe, compression=compression) as w:
-        _stream(w, images, _Progress(len(files), f"folder {src}"))
+        _stream(w, images(), _progress(len(files), f"folder {src}"))
+    if channels == 1 and colour[0]:
+        print(f"cotsdl: note: {colour[0]} of {len(files)} images were in colour and were converted to grey "
+              "(--channels 3 keeps the colour)", file=sys.stderr)
     return Path(path)
 
 
@@ -331,12 +354,14 @@ def synthetic(path: str | os.PathLike, count: int, size: Sequence[int], channels
     rng = np.random.default_rng(seed)
     params = {"count": int(count), "size": list(size), "channels": channels, "dtype": dtype, "labels": bool(labels)}
     recipe = _recipe("synthetic", seed, params, skimage=False)
-    with DatasetWriter(path, int(count), size + (channels,), dtype, recipe, bool(labels), compression) as w:
+    with DatasetWriter(path, int(count), size + (channels,), dtype, recipe, bool(labels), compression) as w, \
+            _progress(int(count), f"synthetic {path}") as shown:
         for start in range(0, int(count), BATCH):
             made = [_synthetic_image(rng, yy, xx, channels) for _ in range(min(BATCH, int(count) - start))]
             imgs = np.stack([m[0] for m in made])
             imgs = _to_uint8(imgs) if dtype == "uint8" else imgs.astype(np.float32)
             w.add(imgs, [m[1] for m in made] if labels else None)
+            shown.update(w.n)
     return Path(path)
 
 
@@ -356,7 +381,7 @@ def resize(path: str | os.PathLike, src_path: str | os.PathLike, size: Sequence[
     dtype = np.uint8 if info.dtype == "uint8" else np.float32
     params = {"src": str(Path(src_path).resolve()), "size": list(size), "channels": channels, "mode": mode}
     recipe = _recipe("resize", None, params, source_recipe=info.recipe)
-    progress = _Progress(info.count, f"resize {src_path}")
+    progress = _progress(info.count, f"resize {src_path}")
 
     def convert(img: np.ndarray) -> np.ndarray:
         x = img / 255.0 if img.dtype == np.uint8 else img.astype(np.float64)
@@ -370,7 +395,8 @@ def resize(path: str | os.PathLike, src_path: str | os.PathLike, size: Sequence[
         for i in range(0, info.count, BATCH):
             batch = np.stack([convert(img) for img in f["images"][i:i + BATCH]])
             w.add(batch, **{k: f[k][i:i + BATCH] for k in keep})
-            progress(w.n)
+            progress.update(w.n)
+    progress.close()
     return Path(path)
 
 
@@ -391,10 +417,11 @@ def add_stats(path: str | os.PathLike, chunk: int = 256, force: bool = False) ->
     if info.has_stats and not force:
         return False
     mean, std = np.zeros(info.count), np.zeros(info.count)
-    with h5py.File(path, "r") as f:
+    with h5py.File(path, "r") as f, _progress(info.count, f"stats {path}") as shown:
         images = f["images"]
         for i in range(0, info.count, chunk):
             mean[i:i + chunk], std[i:i + chunk] = image_stats(images[i:i + chunk])
+            shown.update(min(i + chunk, info.count))
     # a copy of the file gets the statistics: room for all of it beside the file
     ensure_free(path.parent, path.stat().st_size + 2 * mean.nbytes + (1 << 20), f"{path} (adding the statistics)",
                 after="the file is unchanged")

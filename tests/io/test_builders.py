@@ -317,3 +317,26 @@ def test_natural_without_faces(tmp_path, skimage):
     assert set(recipe["sources"]) == set(builders.TRAIN_PHOTOS) - set(builders.FACE_PHOTOS)
     with pytest.raises(ValueError, match="no_faces excludes mix_faces"):
         builders.natural(tmp_path / "x.h5", 20, SIZE, mix_faces=2, no_faces=True)
+
+
+def test_folder_says_what_it_did_with_colour_and_subfolders(tmp_path, image_folder, pil, capsys):
+    """Colour images turned grey and subfolders skipped are said (with --channels 3 and --recursive
+    the alternatives); --recursive reads the subfolders, named by relative path."""
+    sub = image_folder / "more"
+    sub.mkdir()
+    pil.fromarray(np.full((12, 12, 3), 200, np.uint8)).save(sub / "c_grey_as_rgb.png")  # grey, stored as RGB
+    pil.fromarray(np.dstack([np.full((12, 12), v, np.uint8) for v in (250, 10, 10)])).save(sub / "d_red.png")
+    builders.folder(tmp_path / "flat.h5", image_folder, (10, 10))
+    err = capsys.readouterr().err
+    assert f"1 subfolder(s) of {image_folder} not read (more); --recursive reads them" in err
+    assert "converted to grey" not in err  # the black/white image has equal channels
+    assert read(tmp_path / "flat.h5")[2]["files"] == ["a_gray.jpg", "b_wide.png"]
+    builders.folder(tmp_path / "deep.h5", image_folder, (10, 10), recursive=True)
+    err = capsys.readouterr().err
+    assert "1 of 4 images were in colour and were converted to grey (--channels 3 keeps the colour)" in err
+    assert "subfolder" not in err
+    images, _, recipe, _, _ = read(tmp_path / "deep.h5")
+    assert recipe["files"] == ["a_gray.jpg", "b_wide.png", "more/c_grey_as_rgb.png", "more/d_red.png"]
+    assert images.shape == (4, 10, 10, 1) and recipe["params"]["recursive"] is True
+    builders.folder(tmp_path / "rgb.h5", image_folder, (10, 10), channels=3, recursive=True)
+    assert "converted" not in capsys.readouterr().err
