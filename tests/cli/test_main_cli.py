@@ -111,3 +111,21 @@ def test_a_closed_pipe_ends_quietly():
     res = subprocess.run(f"{sys.executable} -m cotsdl plan {Path(__file__).resolve().parents[2] / 'jobs/configs/demo.toml'} --ranks 2 | head -1",
                          shell=True, capture_output=True, text=True, timeout=120)
     assert res.stdout.startswith("plan: ") and res.stderr == "", res.stderr
+
+
+def test_every_prepare_data_command_shown_to_users_parses_with_the_source_first():
+    """The commands in the configs' comments and the README parse, and name their folder or dataset
+    before the file they write (the paper configs once had SRC and OUT swapped)."""
+    import re
+    import shlex
+
+    from cotsdl.cli import _parser
+
+    root = Path(__file__).resolve().parents[2]
+    texts = [p.read_text() for p in sorted((root / "jobs" / "configs").glob("*.toml"))] + [(root / "README.md").read_text()]
+    commands = [m.group(1) for t in texts for m in re.finditer(r"cotsdl (prepare-data (?:folder|resize) [^\n`#|]+)", t)]
+    assert len(commands) >= 6
+    for cmd in commands:
+        args = _parser().parse_args(shlex.split(cmd.replace("\\", "")))
+        src = getattr(args, "src_folder", None) or getattr(args, "src", None)
+        assert args.out.endswith(".h5") and src is not None and not src.endswith(".h5") or args.builder == "resize", cmd
