@@ -221,8 +221,24 @@ def _items(d: Any, indent: str = "") -> list[str]:
         if isinstance(v, dict) and v:
             out.append(f"{indent}- **{k}**:")
             out += _items(v, indent + "  ")
+        elif isinstance(v, (list, tuple)) and v and all(isinstance(x, dict) for x in v):
+            # e.g. the network's stages: one line each, every key whole (never cut in the middle)
+            out.append(f"{indent}- **{k}**:")
+            out += [f"{indent}  - {i}: " + ", ".join(f"{name}={_short(x, 80)}" for name, x in _flat(item))
+                    for i, item in enumerate(v)]
         else:
             out.append(f"{indent}- **{k}**: {_short(v)}")
+    return out
+
+
+def _flat(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, value) of a nested dict's leaves: ``filter.size``, ``pool.eps``."""
+    out: list[tuple[str, Any]] = []
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out += _flat(v, f"{prefix}{k}.")
+        else:
+            out.append((f"{prefix}{k}", v))
     return out
 
 

@@ -235,3 +235,19 @@ def test_the_stimulus_figure_shows_the_stimulus(figures, tmp_path):
     h, w = ys.max() + 1 - ys.min(), xs.max() + 1 - xs.min()
     assert abs(h / w - 1.0) < 0.15  # a square stays a square
     assert gray[ys, xs].mean() > 0.9  # and is drawn white
+
+
+def test_the_network_of_report_md_is_never_cut_in_a_key():
+    """Each stage on a line of its own with every key whole (it was one line cut at 200 characters)."""
+    from cotsdl.cli import config
+    from cotsdl.evaluate.report import _items
+    from cotsdl.nn import Network
+
+    cfg = config.load(Path(__file__).resolve().parents[2] / "jobs" / "configs" / "paper-1b.toml")
+    desc = {k: v for k, v in cfg["network"].items() if k != "allow_crop"}
+    lines = _items({"network": Network.from_description(desc).describe()})
+    stages = [ln for ln in lines if ln.lstrip().startswith(("- 0:", "- 1:", "- 2:"))]
+    assert len(stages) == 3 and not any("…" in ln for ln in lines), lines
+    for ln in stages:
+        for key in ("filter.size=", "filter.channels=", "pool.stride=", "lcn.eps="):
+            assert key in ln, ln
