@@ -122,7 +122,8 @@ def _mib(b: float) -> str:
 
 
 def _single(args, machine) -> dict[str, Any]:
-    from ..planner import fit_error, predict_step, suggest  # noqa: PLC0415
+    from ..planner import fit_error, predict_step, smallest_fit, suggest  # noqa: PLC0415
+    from ..planner.predict import RANK_COUNTS  # noqa: PLC0415
 
     path = args.config[0]
     spec = _load(path, args.set)
@@ -176,7 +177,20 @@ def _single(args, machine) -> dict[str, Any]:
     print(f"  suggested: {best['replicas']} replica(s) x grid {best['grid'][0]}x{best['grid'][1]}"
           + ("" if best["fits"] else " (nothing fits)"))
     error = next((e for e in (fit_error(net, p) for p in preds) if e), None)
-    return {"config": path, "machine": machine, "predictions": preds, "suggestions": sugg, "error": error}
+    fit = None
+    if not best["fits"]:  # say how many ranks it takes, not only that this many are too few
+        fit = smallest_fit(net, batch, machine, replicas=reps, stages=stages,
+                           counts=[n for n in RANK_COUNTS if n > ranks], **kw)
+        if fit is None:
+            more = f"; it does not fit on up to {RANK_COUNTS[-1]} ranks of {machine['name']} either"
+        else:
+            more = (f"; it fits on {fit['ranks']} ranks ({fit['replicas']} replica(s) x grid {fit['grid'][0]}x"
+                    f"{fit['grid'][1]}, {fit['memory_bytes'] / 2**30:.2f} GiB per rank): cotsdl plan {path} "
+                    f"--ranks {fit['ranks']}")
+        print("  fewest ranks that fit: " + (f"{fit['ranks']}" if fit else "none") + f" (of {machine['name']})")
+        error = (error or "does not fit") + more
+    return {"config": path, "machine": machine, "predictions": preds, "suggestions": sugg, "error": error,
+            "fits_on": fit}
 
 
 def _table(args, machines) -> dict[str, Any]:

@@ -7,7 +7,7 @@ step, without MPI or a GPU (``cotsdl plan``; ``cotsdl bench scaling`` prints its
 """
 from .machine import PRESETS, MachineError, load_machine, validate_machine
 from .model import layer_counts, optimizer_slots
-from .predict import fit_error, predict_step, suggest
+from .predict import fit_error, predict_step, smallest_fit, suggest
 
 __all__ = ["PRESETS", "MachineError", "load_machine", "validate_machine", "layer_counts", "optimizer_slots",
-           "predict_step", "fit_error", "suggest"]
+           "predict_step", "fit_error", "smallest_fit", "suggest"]

@@ -179,3 +179,21 @@ def suggest(network: Network, batch: int, ranks: int, machine: dict[str, Any], r
     # ties: fewer replicas, then more rows (as choose_grid: row slabs are contiguous)
     out.sort(key=lambda c: (not c["fits"], -round(c["images_per_s"], 9), c["replicas"], -c["grid"][0]))
     return out
+
+
+#: Rank counts tried when a plan does not fit: 2..4096, powers of two and three times them.
+RANK_COUNTS = sorted({2**k for k in range(1, 13)} | {3 * 2**k for k in range(0, 11)})
+
+
+def smallest_fit(network: Network, batch: int, machine: dict[str, Any], replicas: int = 1,
+                 stages: Sequence[int] | None = None, counts: Sequence[int] = RANK_COUNTS,
+                 **kw) -> dict[str, Any] | None:
+    """The best split of the fewest ranks (of ``counts``, ``replicas`` model groups) on which every
+    stage fits in device memory, with its rank count under ``ranks``; None if none does."""
+    for ranks in counts:
+        if ranks % replicas:
+            continue
+        best = suggest(network, batch, ranks, machine, replicas=replicas, stages=stages, **kw)
+        if best and best[0]["fits"]:
+            return {**best[0], "ranks": ranks}
+    return None

@@ -42,6 +42,18 @@ def test_memory_refusal_names_the_layer_and_the_bytes(tmp_path):
     assert "does not fit" in line and "layer 0 (filter of stage 0)" in line
     assert "the device has 4.00 GiB (gtx680-fdr)" in line and "GiB on rank" in line
     assert json.loads(out.read_text())["error"]  # the plan is still written, for a look
+    # and how many ranks it takes: the suggested count fits, one count fewer of the list does not
+    fits_on = json.loads(out.read_text())["fits_on"]
+    n = fits_on["ranks"]
+    assert n > 4 and f"it fits on {n} ranks" in line and f"--ranks {n}" in line
+    from cotsdl.planner.predict import RANK_COUNTS
+
+    ok = plan(str(ROOT / "jobs/configs/paper-11.2b.toml"), "--ranks", str(n), "--stage", "0", "--machine", "gtx680-fdr")
+    assert ok.returncode == 0, ok.stderr
+    fewer = max(c for c in RANK_COUNTS if c < n)
+    if fewer > 4:
+        assert plan(str(ROOT / "jobs/configs/paper-11.2b.toml"), "--ranks", str(fewer), "--stage", "0",
+                    "--machine", "gtx680-fdr").returncode == 2
 
 
 def test_table(tmp_path):
