@@ -92,9 +92,9 @@ def base_env(tmp, **extra):
 
 
 def slurm_env(tmp, **extra):
-    return base_env(tmp, SLURM_SUBMIT_DIR=ROOT, SLURM_JOB_ID=4242, SLURM_JOB_NUM_NODES=2,
-                    SLURM_JOB_NODELIST="gpu[1-2]", SLURM_NTASKS=8, SLURM_NTASKS_PER_NODE=4,
-                    SLURM_CPUS_PER_TASK=4, **extra)
+    return base_env(tmp, **{**dict(SLURM_SUBMIT_DIR=ROOT, SLURM_JOB_ID=4242, SLURM_JOB_NUM_NODES=2,
+                                   SLURM_JOB_NODELIST="gpu[1-2]", SLURM_NTASKS=8, SLURM_NTASKS_PER_NODE=4,
+                                   SLURM_CPUS_PER_TASK=4, SLURM_GPUS_ON_NODE=4), **extra})
 
 
 def pbs_env(tmp, **extra):
@@ -173,9 +173,11 @@ def test_batch_directives_come_before_any_command():
         first_cmd = next(i for i, l in enumerate(lines) if l.strip() and not l.startswith("#"))
         assert not any(l.startswith(prefix + " ") for l in lines[first_cmd:]), script
     sbatch = (ROOT / SLURM).read_text()
-    for opt in ("--signal=B:USR1@300", "--requeue", "--open-mode=append", "--gpus-per-node=4",
-                "--time=", "--output="):
+    for opt in ("--signal=B:USR1@300", "--requeue", "--open-mode=append", "--time=", "--output="):
         assert f"#SBATCH {opt}" in sbatch
+    # GPUs only on the command line or as a site line: a CPU-only cluster refuses a GPU request
+    assert not any(line.startswith("#SBATCH --gpus") for line in sbatch.splitlines())
+    assert "##SBATCH --gpus-per-node=4" in sbatch.splitlines()
     pbs = (ROOT / PBS).read_text()
     for opt in ("-r y", "-j oe", "-l walltime=", "-l select="):
         assert f"#PBS {opt}" in pbs
@@ -206,6 +208,15 @@ def test_slurm_exit_status(stubs, status, requeued, code):
         expected.append(["scontrol", "requeue", "4242"])
     assert calls(stubs) == expected, out
     assert f"status {status}" in out
+
+
+def test_a_slurm_job_without_gpus_leaves_the_backend_to_the_config(stubs):
+    env = slurm_env(stubs)
+    del env["SLURM_GPUS_ON_NODE"]
+    rc, out = run_job(stubs, SLURM, env)
+    assert rc == 0, out
+    assert "COTSDL_BACKEND" not in launcher_env(stubs, "srun")
+    assert "no GPUs in this job (sbatch --gpus-per-node=N asks for them)" in out
 
 
 def test_slurm_environment_of_the_ranks(stubs):
@@ -339,6 +350,24 @@ def test_slurm_environment_setup(stubs, module):
         assert "no 'module' command" in out
 
 
+def test_a_job_installs_nothing_and_says_how_to_make_a_missing_environment(stubs):
+    """Compute nodes often have no network: the job only activates (a stale environment is a warning,
+    a missing one an error naming the login-node command), never pip installs."""
+    env = slurm_env(stubs, COTSDL_VENV=stubs / "nowhere")
+    del env["COTSDL_SKIP_ENV"]
+    rc, out = run_job(stubs, SLURM, env)
+    assert rc == 2, out
+    assert "no environment at" in out and "COTSDL_EXTRAS=cuda12 . jobs/env.sh" in out
+    assert "installing" not in out and "creating" not in out and calls(stubs) == []
+    venv = fake_venv(stubs, "cuda12")
+    (venv / ".cotsdl-installed").write_text("0000000000000000 cuda12\n")  # made for another setup.cfg
+    env["COTSDL_VENV"] = str(venv)
+    rc, out = run_job(stubs, SLURM, env)
+    assert rc == 0, out
+    assert "warning: setup.cfg changed since" in out and "installing" not in out
+    assert launcher_env(stubs, "srun")["VIRTUAL_ENV"] == str(venv)
+
+
 # ---------------------------------------------------------------- PBS
 
 
@@ -364,6 +393,16 @@ def test_pbs_config_from_qsub_v(stubs):
                                           STUB_QSTAT_STATUS=1))
     assert rc == 0, out
     assert calls(stubs)[1][-2:] == ["train", "jobs/configs/demo.toml"]
+
+
+def test_pbs_passes_train_options_from_qsub_v(stubs):
+    """TRAIN_ARGS (qsub -v, split at spaces) reach cotsdl train after the config, and the log says them."""
+    rc, out = run_job(stubs, PBS, pbs_env(stubs, CONFIG="jobs/configs/demo.toml", STUB_QSTAT_STATUS=1,
+                                          TRAIN_ARGS="--set run.folder=runs/x --set train.steps=[10,10]"))
+    assert rc == 0, out
+    assert calls(stubs)[1][-6:] == ["train", "jobs/configs/demo.toml", "--set", "run.folder=runs/x", "--set",
+                                    "train.steps=[10,10]"]
+    assert "config: jobs/configs/demo.toml --set run.folder=runs/x --set train.steps=[10,10]" in out
 
 
 def test_pbs_usr1_is_forwarded_and_the_job_rerun(stubs):

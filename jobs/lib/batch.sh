@@ -3,7 +3,8 @@
 # variables they share; sourcing it runs nothing.  tests/test_jobs.py calls them.
 #
 #   cotsdl_trap_signals        handle SIGUSR1/SIGTERM from here on (see below)
-#   cotsdl_setup_env           site modules, then jobs/env.sh (COTSDL_SKIP_ENV=1: neither)
+#   cotsdl_setup_env           site modules, then activate .venv (jobs/env.sh, installing nothing;
+#                              COTSDL_SKIP_ENV=1: neither)
 #   cotsdl_report_mpi          print the MPI library; warn when it is the MPICH wheel
 #   cotsdl_launch CMD...       run the launcher in the background, forward the
 #                              checkpoint request to it, set COTSDL_STATUS to its real status
@@ -101,8 +102,10 @@ cotsdl_setup_env() {
         module load "$m" || cotsdl_log "note: 'module load $m' failed; using the MPI on PATH"
         set -u
     done
+    # Activate only: the environment is made once on the login node (compute nodes
+    # often have no network); a missing one ends the job with how to make it.
     # shellcheck disable=SC1091
-    . jobs/env.sh
+    COTSDL_NO_INSTALL=1 . jobs/env.sh || exit 2
 }
 
 cotsdl_report_mpi() {
