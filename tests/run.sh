@@ -7,7 +7,8 @@
 # MPI the thread method ends a deadlocked rank and MPIEXEC_TIMEOUT bounds every
 # mpiexec, so a deadlock fails that rank count in seconds instead of hanging.  Last, python -m tests.reliability.run injects faults
 # (bad input, damaged checkpoints, kill -9, signals, a full disk, NaN gradients) and prints
-# one summary line.
+# one summary line.  Then the cluster stage: a real one-node Slurm (root and apt only;
+# skipped with a line elsewhere) runs jobs/slurm/train.sbatch with requeues.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . jobs/env.sh
@@ -19,12 +20,23 @@ python -m cotsdl check-kernels || status=1
 echo "== serial suite"
 # in parallel worker processes (pytest-xdist; COTSDL_TEST_WORKERS=0 runs them in this process):
 # most tests wait on subprocesses, so two workers on two cores nearly halve the wall time
-python -m pytest tests --ignore=tests/mpi -n "${COTSDL_TEST_WORKERS:-auto}" "$@" || status=1
+python -m pytest tests --ignore=tests/mpi --ignore=tests/cluster -n "${COTSDL_TEST_WORKERS:-auto}" "$@" || status=1
 for P in 1 2 3 4; do
     echo "== multi-rank suite on $P rank(s)"
     mpiexec -n "$P" python -m mpi4py tests/mpi_pytest.py tests/mpi "$@" || status=1
 done
 echo "== reliability suite (fault injection under mpiexec on 2 and 4 ranks)"
 python -m tests.reliability.run || status=1
+echo "== cluster stage (jobs/slurm/train.sbatch on a real one-node Slurm: tests/cluster/slurm-up.sh)"
+up=0
+bash tests/cluster/slurm-up.sh || up=$?
+if [ "$up" -eq 77 ]; then
+    echo "== cluster stage skipped (the line above says why)"
+elif [ "$up" -ne 0 ]; then
+    echo "tests/cluster/slurm-up.sh failed (status $up)" >&2
+    status=1
+else
+    python -m pytest tests/cluster -n 0 "$@" || status=1
+fi
 if [ "$status" -ne 0 ]; then echo "== FAILED" >&2; else echo "== all suites passed"; fi
 exit "$status"

@@ -40,6 +40,10 @@ if [ "${STUB_WAIT:-0}" = 1 ]; then
     sleep "${STUB_LINGER:-0}"          # further signals are recorded after this
     exit "${STUB_SIGNAL_EXIT:-75}"
 fi
+if [ -n "${STUB_SESSION:-}" ] && [ -n "${COTSDL_SESSION_FILE:-}" ]; then   # as cotsdl train: "START STOP"
+    set -- $STUB_SESSION
+    echo "{\"start\": $1, \"stop\": $2}" > "$COTSDL_SESSION_FILE"
+fi
 if [ -n "${STUB_STORM:-}" ]; then     # SIGTERMs to the batch script while this exits
     script=$PPID
     ( for ((i = 0; i < STUB_STORM; i++)); do
@@ -86,6 +90,7 @@ def base_env(tmp, **extra):
         "STUB_DIR": str(tmp),
         "COTSDL_SKIP_ENV": "1",
         "COTSDL_POLL_SECONDS": "0.05",   # how often the script looks at the launcher
+        "COTSDL_STATE_DIR": str(tmp / "state"),  # the requeue guard's counts: this test's own
     }
     env.update({k: str(v) for k, v in extra.items()})
     return env
@@ -208,6 +213,24 @@ def test_slurm_exit_status(stubs, status, requeued, code):
         expected.append(["scontrol", "requeue", "4242"])
     assert calls(stubs) == expected, out
     assert f"status {status}" in out
+
+
+def test_starts_without_progress_stop_requeueing_after_a_count(stubs):
+    """A start that checkpoints on the signal before any training step is requeued at most
+    COTSDL_MAX_IDLE_STARTS times in a row (a signal lead longer than the time a start gets would loop
+    for ever); a start that trains resets the count."""
+    env = dict(STUB_STATUS=75, COTSDL_MAX_IDLE_STARTS=2)
+    rc, out = run_job(stubs, SLURM, slurm_env(stubs, STUB_SESSION="40 40", **env))  # stopped where it began
+    assert rc == 0 and ["scontrol", "requeue", "4242"] in calls(stubs), out
+    assert "this start made no training step (1 of at most 2 in a row)" in out
+    rc, out = run_job(stubs, SLURM, slurm_env(stubs, STUB_SESSION="40 55", **env))  # trained: count reset
+    assert rc == 0 and "this start trained global steps 40..55" in out, out
+    for n in (1, 2):  # no session file at all (never reached a step): idle too
+        (stubs / "calls").unlink()
+        rc, out = run_job(stubs, SLURM, slurm_env(stubs, **env))
+    assert rc == 75, out
+    assert "not requeued: 2 start(s) in a row stopped on the signal before a training step" in out
+    assert ["scontrol", "requeue", "4242"] not in calls(stubs)
 
 
 def test_a_slurm_job_without_gpus_leaves_the_backend_to_the_config(stubs):

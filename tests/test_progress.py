@@ -57,3 +57,15 @@ def test_the_log_line_of_a_step_says_step_of_total_and_eta():
     log.end()
     line = out.getvalue().strip()
     assert line.startswith("stage 0 step 4/6 (global 4): loss 1.5 ") and re.search(r"; ETA \d+s$", line), line
+
+
+def test_a_step_log_says_everything_on_its_own_stream():
+    """Before, during and after a stage (a resume message comes before any stage begins)."""
+    out = io.StringIO()
+    log = StepLog(out, None, True)
+    log.say("resumed from here")
+    log.begin(0, 0, 2)
+    log.say("checkpoint")
+    log.end()
+    log.say("done")
+    assert out.getvalue() == "resumed from here\ncheckpoint\ndone\n"

@@ -1,6 +1,8 @@
 """Helpers shared by test folders: the pytest suites ``import testkit`` (setup.cfg puts ``tests/``
 on pytest's path); the reliability suite, run as a module (``python -m tests.reliability.run``
 from the repository root), imports it as ``tests.testkit``."""
+from pathlib import Path
+
 import h5py
 
 #: A tiny 2-stage training config; format with data, run, steps, every (and size, c0, c1, keep).
@@ -57,3 +59,17 @@ def corrupt_chunk(path, index):
     with open(path, "r+b") as fh:
         fh.seek(info.byte_offset)
         fh.write(b"\xff" * info.size)
+
+
+def final_weights(run):
+    """(name, {(rank file, dataset): array}) of the w/... datasets of a run folder's latest committed
+    checkpoint; (None, {}) when it has none."""
+    ckpts = sorted(p for p in (Path(run) / "checkpoints").glob("ckpt-*") if (p / "index.json").exists())
+    if not ckpts:
+        return None, {}
+    out = {}
+    for f in sorted(ckpts[-1].glob("rank*.h5")):
+        with h5py.File(f, "r") as h:
+            h.visititems(lambda name, obj: out.__setitem__((f.name, name), obj[()])
+                         if isinstance(obj, h5py.Dataset) and name.startswith("w/") else None)
+    return ckpts[-1].name, out

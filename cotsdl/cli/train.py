@@ -288,6 +288,8 @@ def _train_on(spec, data, meta, backend_name, guard, comm, t_start, log, say, co
 
         say(f"stopped by {signal.Signals(sig).name if sig else 'a signal'} at global step {e.step}; "
             f"checkpoint {e.checkpoint}. Exit {EXIT_REQUEUE}: re-run the same command to resume.")
+        if root:
+            _session_record(meta["step"] if meta else 0, e.step)
         return EXIT_REQUEUE
     if root:
         report(folder, network, tr, backend_name, comm.Get_size(), time.perf_counter() - t_start, say)
@@ -295,3 +297,14 @@ def _train_on(spec, data, meta, backend_name, guard, comm, t_start, log, say, co
     return 0
 
 
+def _session_record(start: int, stop: int) -> None:
+    """For a job script (``COTSDL_SESSION_FILE``): the global steps where this session started and
+    stopped, so that it can stop requeueing starts that make no progress (jobs/lib/batch.sh)."""
+    import os  # noqa: PLC0415
+
+    path = os.environ.get("COTSDL_SESSION_FILE")
+    if path:
+        try:
+            write_atomic(path, json.dumps({"start": int(start), "stop": int(stop)}) + "\n")
+        except OSError as e:  # the job script then counts a start without progress: say why
+            print(f"warning: cannot write COTSDL_SESSION_FILE {path}: {e}", file=sys.stderr, flush=True)

@@ -20,11 +20,11 @@ class StepLog:
 
     def __init__(self, stream: Any, metrics_file: str | None, is_root: bool):
         self.stream, self.metrics_file, self.is_root = stream, metrics_file, is_root
-        self.bar = Progress(0, "", enabled=False)  # the stage under way (a bar on a terminal)
+        self.bar = Progress(0, "", stream=stream, enabled=False)  # the stage under way (a bar on a terminal)
 
     def say(self, msg: str) -> None:
         if self.is_root:
-            self.bar.write(msg)
+            self.bar.write(msg)  # to this log's stream, the bar (if any) cleared and redrawn
 
     def begin(self, stage: int, done: int, total: int) -> None:
         """A stage's steps ``done``..``total`` start: a bar on a terminal (elsewhere the log lines say it)."""

@@ -132,6 +132,9 @@ cotsdl_launch() {
         COTSDL_STATUS=143
         return 0
     fi
+    # cotsdl train records where this session started and stopped (for the requeue guard)
+    export COTSDL_SESSION_FILE="${TMPDIR:-/tmp}/cotsdl-session-$(_cotsdl_job_key)-$$.json"
+    rm -f "$COTSDL_SESSION_FILE"
     cotsdl_log "launch: $*"
     "$@" &
     _cotsdl_child=$!
@@ -162,6 +165,9 @@ cotsdl_finish() {
                 cotsdl_log "status 75: checkpointed; not requeued: $COTSDL_NO_REQUEUE"
                 exit 75
             fi
+            if ! _cotsdl_progress_guard; then
+                exit 75
+            fi
             cotsdl_log "status 75: checkpointed on a signal; requeueing to resume from the checkpoint"
             if "$1"; then
                 exit 0
@@ -179,6 +185,47 @@ cotsdl_finish() {
             fi
             exit "$s" ;;
     esac
+}
+
+_cotsdl_job_key() {  # the job's id, the same in every start of a requeued job
+    local k=${SLURM_JOB_ID:-${PBS_JOBID:-$$}}
+    echo "${k%%.*}"
+}
+
+# Requeue loops without progress: a start that checkpoints on the signal before it has
+# trained a step (a signal lead longer than the time a start gets, a node that keeps
+# failing early) would be requeued for ever.  After COTSDL_MAX_IDLE_STARTS (3) such
+# starts in a row the job is not requeued again, and says why.  The count is kept in
+# COTSDL_STATE_DIR (default .cotsdl-jobs/ in the submission folder: it must outlive the
+# start) and reset by any start that trains.  submitit caps its requeues the same way
+# (slurm_max_num_timeout).
+_cotsdl_progress_guard() {
+    local dir=${COTSDL_STATE_DIR:-.cotsdl-jobs} max=${COTSDL_MAX_IDLE_STARTS:-3} start= stop= idle=0
+    local file
+    file="$dir/$(_cotsdl_job_key).idle"
+    if [ -n "${COTSDL_SESSION_FILE:-}" ] && [ -f "$COTSDL_SESSION_FILE" ]; then
+        read -r start stop < <(python -c 'import json, sys; d = json.load(open(sys.argv[1]))
+print(d["start"], d["stop"])' "$COTSDL_SESSION_FILE" 2>/dev/null) || true
+        rm -f "$COTSDL_SESSION_FILE"
+    fi
+    mkdir -p "$dir" 2>/dev/null || true
+    if [ -n "$start" ] && [ -n "$stop" ] && [ "$stop" -gt "$start" ]; then
+        rm -f "$file"
+        cotsdl_log "this start trained global steps $start..$stop"
+        return 0
+    fi
+    idle=$(( $(cat "$file" 2>/dev/null || echo 0) + 1 ))
+    echo "$idle" > "$file" 2>/dev/null || true
+    if [ "$idle" -ge "$max" ]; then
+        cotsdl_log "status 75: checkpointed; not requeued: $idle start(s) in a row stopped on the signal" \
+                   "before a training step (COTSDL_MAX_IDLE_STARTS=$max). Is the signal lead longer than the" \
+                   "time a start gets? Lower it (--signal=B:USR1@T, COTSDL_SIGNAL_BEFORE) or raise the time" \
+                   "limit, then submit again: the run resumes from its last checkpoint"
+        rm -f "$file"
+        return 1
+    fi
+    cotsdl_log "this start made no training step ($idle of at most $max in a row)"
+    return 0
 }
 
 cotsdl_duration_seconds() {

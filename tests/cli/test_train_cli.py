@@ -129,12 +129,13 @@ def test_sigusr1_checkpoints_exits_75_and_resumes_bitwise(setup):
     ref = cotsdl("train", str(make("ref.toml", run=tmp / "ref", steps=150, every=1000)))
     assert ref.returncode == 0, ref.stderr
     cfg = make("int.toml", run=tmp / "int", steps=150, every=1000)
-    env = {**os.environ, "MPIEXEC_TIMEOUT": "200"}
+    session_file = tmp / "session.json"
+    env = {**os.environ, "MPIEXEC_TIMEOUT": "200", "COTSDL_SESSION_FILE": str(session_file)}
     proc = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, "-m", "mpi4py", "-m", "cotsdl", "train", str(cfg)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     log = tmp / "int" / "log.txt"
     deadline = time.time() + 120
-    while time.time() < deadline and not (log.exists() and "stage 0 step 3 " in log.read_text()):
+    while time.time() < deadline and not (log.exists() and "stage 0 step 3/" in log.read_text()):
         time.sleep(0.02)
     proc.send_signal(signal.SIGUSR1)  # what Slurm sends before the time limit (mpiexec forwards it)
     out, err = proc.communicate(timeout=200)
@@ -143,6 +144,8 @@ def test_sigusr1_checkpoints_exits_75_and_resumes_bitwise(setup):
     stopped = int(out.split("stopped by SIGUSR1 at global step ")[1].split(";")[0])
     assert stopped < 300, "the signal came after the run had finished"
     assert (tmp / "int" / "checkpoints" / f"ckpt-{stopped:09d}" / "index.json").exists()
+    session = json.loads(session_file.read_text())  # for the job scripts' requeue guard
+    assert session["stop"] == stopped and session["start"] == 0
     resumed = cotsdl("train", str(cfg))
     assert resumed.returncode == 0, resumed.stderr
     assert f"global step {stopped}" in resumed.stdout

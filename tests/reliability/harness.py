@@ -15,7 +15,7 @@ import numpy as np
 
 from cotsdl.io.dataset import write_dataset
 
-from ..testkit import tiny_config  # the helpers shared with the pytest suites
+from ..testkit import final_weights as _final_weights, tiny_config  # the helpers shared with the pytest suites
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -225,14 +225,9 @@ def expect_error(ctx, job, message, status=None):
 
 def final_weights(run):
     """{(rank file, name): array} of the w/... datasets of the latest checkpoint, and its name."""
-    ckpts = sorted(p for p in (Path(run) / "checkpoints").glob("ckpt-*") if (p / "index.json").exists())
-    check(ckpts, f"no checkpoint in {run}")
-    out = {}
-    for f in sorted(ckpts[-1].glob("rank*.h5")):
-        with h5py.File(f, "r") as h:
-            h.visititems(lambda name, obj: out.__setitem__((f.name, name), obj[()])
-                         if isinstance(obj, h5py.Dataset) and name.startswith("w/") else None)
-    return ckpts[-1].name, out
+    name, out = _final_weights(run)
+    check(name, f"no checkpoint in {run}")
+    return name, out
 
 
 def assert_bitwise(ref_run, run):
