@@ -207,8 +207,8 @@ def test_submitted_outside_the_repository_root(stubs, script, var):
 def test_slurm_exit_status(stubs, status, requeued, code):
     rc, out = run_job(stubs, SLURM, slurm_env(stubs, STUB_STATUS=status))
     assert rc == code, out
-    expected = [["srun", "--mpi=pmi2", "--kill-on-bad-exit=0", "--gpu-bind=none",
-                 "--cpus-per-task=4", "python", "-m", "mpi4py", "-m", "cotsdl", "train", PAPER]]
+    expected = [["srun", "--mpi=pmi2", "--kill-on-bad-exit=0", "--gpu-bind=none", "--cpus-per-task=4",
+                 "bash", "jobs/lib/bind-gpu.sh", "python", "-m", "mpi4py", "-m", "cotsdl", "train", PAPER]]
     if requeued:
         expected.append(["scontrol", "requeue", "4242"])
     assert calls(stubs) == expected, out
@@ -240,6 +240,23 @@ def test_a_slurm_job_without_gpus_leaves_the_backend_to_the_config(stubs):
     assert rc == 0, out
     assert "COTSDL_BACKEND" not in launcher_env(stubs, "srun")
     assert "no GPUs in this job (sbatch --gpus-per-node=N asks for them)" in out
+    assert "jobs/lib/bind-gpu.sh" not in calls(stubs)[0]  # no GPU to bind
+
+
+@pytest.mark.parametrize("env, visible", [
+    ({"SLURM_LOCALID": "3", "CUDA_VISIBLE_DEVICES": "4,5,6,7"}, "7"),
+    ({"OMPI_COMM_WORLD_LOCAL_RANK": "5", "CUDA_VISIBLE_DEVICES": "4,5"}, "5"),  # more ranks than GPUs: wrap
+    ({"MV2_COMM_WORLD_LOCAL_RANK": "2", "STUB_GPUS": "3"}, "2"),                # nvidia-smi lists them
+    ({"PMI_LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "0,1", "COTSDL_BIND_GPU": "0"}, "0,1"),
+    ({"CUDA_VISIBLE_DEVICES": "0,1"}, "0,1"),                                     # no local rank: unchanged
+])
+def test_bind_gpu_gives_each_rank_its_gpu_before_mpi_starts(tmp_path, env, visible):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\nseq 0 $((${STUB_GPUS:-0} - 1))\n')
+    smi.chmod(0o755)
+    res = subprocess.run(["bash", str(ROOT / "jobs/lib/bind-gpu.sh"), "sh", "-c", "echo $CUDA_VISIBLE_DEVICES"],
+                         env={"PATH": f"{tmp_path}:/usr/bin:/bin", **env}, capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.strip() == visible, res.stderr
 
 
 def test_slurm_environment_of_the_ranks(stubs):
@@ -399,8 +416,8 @@ def test_pbs_exit_status(stubs, status, rerun, code):
     rc, out = run_job(stubs, PBS, pbs_env(stubs, STUB_STATUS=status, STUB_QSTAT_STATUS=1))
     assert rc == code, out
     assert calls(stubs)[0] == ["qstat", "-f", "777.server"]
-    assert calls(stubs)[1] == ["mpiexec", "-n", "8", "python", "-m", "mpi4py", "-m", "cotsdl",
-                               "train", PAPER]
+    assert calls(stubs)[1] == ["mpiexec", "-n", "8", "bash", "jobs/lib/bind-gpu.sh", "python", "-m", "mpi4py",
+                               "-m", "cotsdl", "train", PAPER]
     assert calls(stubs)[2:] == ([["qrerun", "777.server"]] if rerun else [])
     assert "walltime unknown" in out
     env = launcher_env(stubs, "mpiexec")

@@ -6,6 +6,8 @@ A model-parallel group is a ``Py x Px`` MPI Cartesian grid over the spatial axes
 """
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -154,10 +156,31 @@ def node_local_size(comm: MPI.Comm) -> int:
     return _node_local(comm)[1]
 
 
+#: The node-local rank as launchers announce it (srun, MVAPICH2, Open MPI, MPICH/Hydra, Intel MPI).
+LOCAL_RANK_VARIABLES = ("SLURM_LOCALID", "MV2_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                        "PMI_LOCAL_RANK", "MPI_LOCALRANKID")
+
+
+def launched_local_rank(environ=os.environ) -> int | None:
+    """This process's node-local rank from the launcher's environment (known before MPI starts), or None."""
+    for key in LOCAL_RANK_VARIABLES:
+        value = environ.get(key, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
 def use_node_local_gpu(comm: MPI.Comm) -> int:
-    """Make GPU ``node-local rank mod GPUs per node`` current (with the cuda backend); return the index."""
+    """Make GPU ``node-local rank mod visible GPUs`` current (with the cuda backend); return the index.
+
+    The node-local rank is the launcher's (:data:`LOCAL_RANK_VARIABLES`), the one
+    ``jobs/lib/bind-gpu.sh`` used to give each rank its GPU before MPI started (then one
+    GPU is visible and it is index 0); without one, the ranks of ``comm`` that share a node.
+    """
     from .. import backend  # noqa: PLC0415
 
-    index = node_local_rank(comm)
+    index = launched_local_rank()
+    if index is None:
+        index = node_local_rank(comm)
     backend.set_device(index)
     return index
