@@ -82,13 +82,33 @@ def stop_on_signals() -> None:
     import signal  # noqa: PLC0415
 
     def stop(signum, frame):
-        if _launched_rank() == 0:
-            print(f"cotsdl: stopped by {signal.Signals(signum).name}; nothing was left half-written",
-                  file=sys.stderr, flush=True)
+        rank = _launched_rank()
+        if rank:  # rank 0, signalled too, says it once and its exit ends the job (python -m mpi4py)
+            import time  # noqa: PLC0415
+
+            time.sleep(1.0)  # still here: the signal was this rank's alone, so it speaks for itself
+        print(f"cotsdl: stopped by {signal.Signals(signum).name}{f' on rank {rank}' if rank else ''}; nothing "
+              "was left half-written", file=sys.stderr, flush=True)
         raise SystemExit(128 + signum)
 
     for sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, stop)
+    # Held while the program imports (numpy, h5py, the commands): an exception raised inside an
+    # extension module's import comes out as a confusing ImportError.  Delivered at _unblock().
+    signal.pthread_sigmask(signal.SIG_BLOCK, _held())
+
+
+def _held() -> tuple:
+    import signal  # noqa: PLC0415
+
+    return signal.SIGTERM, signal.SIGUSR1, signal.SIGINT
+
+
+def _unblock() -> None:
+    """Deliver a stop signal held since the start (it then stops the program here, cleanly)."""
+    import signal  # noqa: PLC0415
+
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _held())
 
 
 def _same_command(argv: list[str] | None) -> None:
@@ -131,6 +151,7 @@ def _main(argv: list[str] | None) -> int:
     from ..ops.cpu.allocator import tune_allocator  # noqa: PLC0415
 
     tune_allocator()  # a training process reuses its freed arrays (no page faults every step)
+    _unblock()  # the imports are done: a stop signal held until now takes effect here
     try:
         if args.command == "plan":
             from . import plan_cmd  # noqa: PLC0415

@@ -31,7 +31,7 @@ if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! comm
 fi
 
 host=$(hostname -s)
-cpus=$(nproc)
+cpus=$(getconf _NPROCESSORS_ONLN)  # not nproc: it obeys OMP_NUM_THREADS (the test runner sets 1)
 mem=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 * 9 / 10 ))
 want="$marker
 ClusterName=cotsdl-test
@@ -86,9 +86,10 @@ munge -n </dev/null | unmunge >/dev/null || { log "munge does not work"; exit 1;
 
 running() { pgrep -x "$1" >/dev/null; }
 if [ "$changed" = 1 ]; then
+    log "slurm.conf changed: restarting the daemons"
     pkill -x slurmd 2>/dev/null || true
     pkill -x slurmctld 2>/dev/null || true
-    sleep 1
+    for _ in $(seq 100); do running slurmctld || running slurmd || break; sleep 0.2; done
 fi
 if ! running slurmctld; then
     log "starting slurmctld"
@@ -99,8 +100,9 @@ if ! running slurmd; then
     /usr/sbin/slurmd
 fi
 
-for _ in $(seq 60); do
-    state=$(sinfo -h -n "$host" -o %T 2>/dev/null | head -1 || true)
+end=$((SECONDS + 60))
+while [ "$SECONDS" -lt "$end" ]; do
+    state=$(timeout 5 sinfo -h -n "$host" -o %T 2>/dev/null | head -1 || true)
     case "$state" in
         idle|mixed|allocated) log "up: node $host ($cpus CPUs) is $state"; exit 0 ;;
         down*|drain*) scontrol update NodeName="$host" State=RESUME >/dev/null 2>&1 || true ;;

@@ -28,3 +28,18 @@ def test_the_command_tunes_it():
                          capture_output=True, text=True, timeout=60, env={k: v for k, v in os.environ.items()
                                                                           if k != "COTSDL_MALLOC"})
     assert res.stdout.split() == ["2", "True"], res.stdout + res.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_a_script_that_trains_gets_it_too():
+    """Library use was slower than the command (page faults on every temporary of every step)."""
+    code = ("import numpy as np; from mpi4py import MPI; from cotsdl.nn import Network; "
+            "from cotsdl.train import Adam, GreedyTrainer, InMemorySource; from cotsdl.ops.cpu import allocator; "
+            "from test_trainer_hybrid import DESC; "
+            "GreedyTrainer(Network.from_description(DESC), InMemorySource(np.zeros((8, 14, 13, 1))), Adam(0.01), "
+            "comm=MPI.COMM_WORLD, batch=4, log_every=0); print(allocator._done)")
+    env = {k: v for k, v in os.environ.items() if k != "COTSDL_MALLOC"}
+    tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([tests, os.path.join(tests, "mpi")])
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert res.stdout.split() == ["True"], res.stdout + res.stderr
