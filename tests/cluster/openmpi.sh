@@ -37,7 +37,7 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -m mpi4py --mpi-lib-versi
         --no-deps "$("$venv/bin/python" -m pip show mpi4py 2>/dev/null | awk '/^Version:/ {print "mpi4py==" $2}')"
 fi
 . "$venv/bin/activate"
-log "MPI: $(python -m mpi4py --mpi-lib-version | head -1)"
+log "MPI: $(python -m mpi4py --mpi-lib-version | tr -d '\0' | head -1)"
 
 # Open MPI refuses to run as root unless told, and refuses more ranks than cores
 # unless --oversubscribe (MPICH does both silently).
