@@ -203,7 +203,13 @@ def efficiencies(rows, peak: float, bw: float, overhead: dict[str, float]) -> di
 
 # -- the link -------------------------------------------------------------------------------
 def fit_link(sizes, times) -> tuple[float, float]:
-    """alpha, beta of ``t = alpha + beta * bytes`` by least squares on the relative error; both > 0."""
+    """alpha, beta of ``t = alpha + beta * bytes`` (both > 0) whose worst message size is off by the
+    smallest factor (model/measured or measured/model).
+
+    Least squares on the relative error first; then the largest log-ratio is minimized from there.
+    A transport that switches protocol between sizes (Open MPI's shared memory at 4 KiB) bends the
+    line: least squares let that size be off by 2.4x, the minimax fit spreads the error (1.8x).
+    """
     b, t = np.asarray(sizes, float), np.asarray(times, float)
     A = np.stack([1.0 / t, b / t], axis=1)
     (alpha, beta), *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
@@ -211,6 +217,15 @@ def fit_link(sizes, times) -> tuple[float, float]:
         i, j = int(np.argmin(b)), int(np.argmax(b))
         alpha = max(float(t[i]), 1e-9)
         beta = max((t[j] - alpha) / max(b[j] - b[i], 1.0), 1e-15)
+    from scipy.optimize import minimize  # noqa: PLC0415
+
+    def worst(p: np.ndarray) -> float:
+        return float(np.max(np.abs(np.log((np.exp(p[0]) + np.exp(p[1]) * b) / t))))
+
+    start = np.log([alpha, beta])
+    best = minimize(worst, start, method="Nelder-Mead", options={"xatol": 1e-9, "fatol": 1e-12, "maxiter": 4000})
+    if best.fun < worst(start) - 1e-12:
+        alpha, beta = np.exp(best.x)
     return float(alpha), float(beta)
 
 
