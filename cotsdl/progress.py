@@ -80,16 +80,21 @@ class Progress:
             self._last, self._said = now, True
             print(self.line(now), file=self.stream, flush=True)
 
+    def eta(self, now: float | None = None) -> str:
+        """``ETA 3m05s`` at the pace since the start (``done in 42s`` at the end), for lines of their own."""
+        elapsed = (time.monotonic() if now is None else now) - self.t0
+        if self.done >= self.total:
+            return f"done in {duration(elapsed)}"
+        if self.done <= self.start:
+            return "ETA unknown"
+        return f"ETA {duration((self.total - self.done) * elapsed / (self.done - self.start))}"
+
     def line(self, now: float | None = None) -> str:
         """The plain line: done/total, percent, rate, ETA (or the elapsed time at the end)."""
-        elapsed = (time.monotonic() if now is None else now) - self.t0
-        rate = (self.done - self.start) / elapsed if elapsed > 0 else 0.0
-        if self.done >= self.total:
-            tail = f"done in {duration(elapsed)}"
-        else:
-            tail = f"ETA {duration((self.total - self.done) / rate)}" if rate > 0 else "ETA unknown"
+        now = time.monotonic() if now is None else now
+        rate = (self.done - self.start) / max(now - self.t0, 1e-9)
         return (f"{self.what}: {self.done}/{self.total} {self.unit} ({100 * self.done / self.total:.0f}%), "
-                + (f"{rate:.0f}" if rate >= 100 else f"{rate:.3g}") + f" {self.unit}/s, {tail}")
+                + (f"{rate:.0f}" if rate >= 100 else f"{rate:.3g}") + f" {self.unit}/s, {self.eta(now)}")
 
     def write(self, text: str) -> None:
         """Print a line without breaking the bar (it is cleared, the line printed, the bar redrawn)."""
@@ -111,13 +116,3 @@ class Progress:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-    def eta(self) -> str:
-        """``ETA 3m05s`` at the pace since the start (``done in 42s`` at the end), for lines of their own."""
-        elapsed = time.monotonic() - self.t0
-        if self.done >= self.total:
-            return f"done in {duration(elapsed)}"
-        if self.done <= self.start:
-            return "ETA unknown"
-        return f"ETA {duration((self.total - self.done) * elapsed / (self.done - self.start))}"

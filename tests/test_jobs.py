@@ -41,8 +41,7 @@ if [ "${STUB_WAIT:-0}" = 1 ]; then
     exit "${STUB_SIGNAL_EXIT:-75}"
 fi
 if [ -n "${STUB_SESSION:-}" ] && [ -n "${COTSDL_SESSION_FILE:-}" ]; then   # as cotsdl train: "START STOP"
-    set -- $STUB_SESSION
-    echo "{\"start\": $1, \"stop\": $2}" > "$COTSDL_SESSION_FILE"
+    echo "$STUB_SESSION" > "$COTSDL_SESSION_FILE"
 fi
 if [ -n "${STUB_STORM:-}" ]; then     # SIGTERMs to the batch script while this exits
     script=$PPID

@@ -10,6 +10,8 @@ an exception on one rank aborts every rank instead of leaving the others waiting
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 
 
@@ -51,27 +53,23 @@ def _info() -> int:
     return 0
 
 
-def _launched_size() -> int:
-    """The rank count a launcher announces in the environment (mpiexec of MPICH/MVAPICH2/Open MPI,
-    srun), without initializing MPI; 1 when none does."""
-    import os  # noqa: PLC0415
+def _launcher_number(*keys: str) -> int | None:
+    """The first of these environment variables a launcher set to a number, without initializing MPI."""
+    return next((int(os.environ[k]) for k in keys if os.environ.get(k, "").isdigit()), None)
 
-    for key in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "PMIX_SIZE"):
-        if os.environ.get(key, "").isdigit():
-            return int(os.environ[key])
-    if os.environ.get("SLURM_PROCID") is not None and os.environ.get("SLURM_NTASKS", "").isdigit():
-        return int(os.environ["SLURM_NTASKS"])
-    return 1
+
+def _launched_size() -> int:
+    """The rank count a launcher announces (mpiexec of MPICH/MVAPICH2/Open MPI, srun); 1 when none does."""
+    size = _launcher_number("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "PMIX_SIZE")
+    if size is None and os.environ.get("SLURM_PROCID") is not None:
+        size = _launcher_number("SLURM_NTASKS")
+    return 1 if size is None else size
 
 
 def _launched_rank() -> int:
     """This process's rank as the launcher announces it (0 when none does): who speaks before MPI starts."""
-    import os  # noqa: PLC0415
-
-    for key in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        if os.environ.get(key, "").isdigit():
-            return int(os.environ[key])
-    return 0
+    rank = _launcher_number("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+    return 0 if rank is None else rank
 
 
 def stop_on_signals() -> None:
@@ -79,8 +77,6 @@ def stop_on_signals() -> None:
     first line until a command installs its own (``train`` checkpoints, ``prepare-data`` cleans up):
     one message (rank 0) and status 128 + signal, by an exception, so that every ``finally`` runs and
     a file being written is removed, never left half-written.  Ctrl-C (SIGINT) is main's to report."""
-    import signal  # noqa: PLC0415
-
     def stop(signum, frame):
         rank = _launched_rank()
         if rank:  # rank 0, signalled too, says it once and its exit ends the job (python -m mpi4py)
@@ -95,20 +91,15 @@ def stop_on_signals() -> None:
         signal.signal(sig, stop)
     # Held while the program imports (numpy, h5py, the commands): an exception raised inside an
     # extension module's import comes out as a confusing ImportError.  Delivered at _unblock().
-    signal.pthread_sigmask(signal.SIG_BLOCK, _held())
+    signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
 
 
-def _held() -> tuple:
-    import signal  # noqa: PLC0415
-
-    return signal.SIGTERM, signal.SIGUSR1, signal.SIGINT
+_HELD = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 def _unblock() -> None:
     """Deliver a stop signal held since the start (it then stops the program here, cleanly)."""
-    import signal  # noqa: PLC0415
-
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _held())
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
 
 
 def _same_command(argv: list[str] | None) -> None:
@@ -184,8 +175,6 @@ def _main(argv: list[str] | None) -> int:
 
             return bench_cmd.run(args)
     except BrokenPipeError:  # `cotsdl plan … | head`: the reader has what it wanted
-        import os  # noqa: PLC0415
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
     except (ValueError, RuntimeError, OSError) as e:

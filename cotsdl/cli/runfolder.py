@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..io.atomic import Appender, DiskError, is_machine_error, write_atomic
+from ..io.atomic import Appender, DiskError, as_error, write_atomic
 from . import config as cfgmod
 from .run import RunSpec
 
@@ -165,8 +165,7 @@ def acquire_lock(lock) -> str | DiskError | None:
     try:
         return lock.acquire()
     except OSError as e:
-        err = f"run.folder {lock.path.parent}: cannot lock {lock.path.name}: {e.strerror or e}"
-        return DiskError(err) if is_machine_error(e) else err
+        return as_error(e, f"run.folder {lock.path.parent}: cannot lock {lock.path.name}: {e.strerror or e}")
 
 
 def report(folder: Path, network, tr, backend_name: str, ranks: int, wall: float, say) -> None:

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..io.atomic import DiskError, is_machine_error, write_atomic
+from ..io.atomic import as_error, write_atomic
 from . import config as cfgmod
 from . import run as run_spec
 from .run import DataSpec, RunSpec
@@ -213,8 +213,7 @@ def _train(spec: RunSpec, data, meta, backend_name, guard, comm, t_start, lock=N
             if lock is not None and not lock.held:  # a new run folder: locked as soon as it exists
                 err = acquire_lock(lock)
         except OSError as e:
-            err = f"run.folder {folder}: cannot write: {e.strerror or e}"
-            err = DiskError(err) if is_machine_error(e) else err  # exit 1, not 2 (bad input)
+            err = as_error(e, f"run.folder {folder}: cannot write: {e.strerror or e}")
     raise_collectively(comm, err)
     if root:
         try:
@@ -224,8 +223,7 @@ def _train(spec: RunSpec, data, meta, backend_name, guard, comm, t_start, lock=N
             write_atomic(folder / "config.toml", cfgmod.dumps(spec.config, header))
             log = Tee(folder / "log.txt")
         except OSError as e:
-            err = f"run.folder {folder}: cannot write: {e.strerror or e}"
-            err = DiskError(err) if is_machine_error(e) else err  # exit 1, not 2 (bad input)
+            err = as_error(e, f"run.folder {folder}: cannot write: {e.strerror or e}")
     raise_collectively(comm, err)
     say = (lambda m: print(m, file=log, flush=True)) if root else (lambda m: None)
     dog = None
@@ -305,6 +303,6 @@ def _session_record(start: int, stop: int) -> None:
     path = os.environ.get("COTSDL_SESSION_FILE")
     if path:
         try:
-            write_atomic(path, json.dumps({"start": int(start), "stop": int(stop)}) + "\n")
+            write_atomic(path, f"{int(start)} {int(stop)}\n")  # one line a shell reads: START STOP
         except OSError as e:  # the job script then counts a start without progress: say why
             print(f"warning: cannot write COTSDL_SESSION_FILE {path}: {e}", file=sys.stderr, flush=True)

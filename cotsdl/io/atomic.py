@@ -27,6 +27,12 @@ def is_machine_error(e: BaseException) -> bool:
     return isinstance(e, DiskError) or (isinstance(e, OSError) and e.errno in DISK_ERRNOS)
 
 
+def as_error(e: OSError, message: str) -> str | DiskError:
+    """What a failed ``e`` becomes where errors are agreed on: a DiskError for the machine's failure
+    (exit 1), else the message (bad input, exit 2)."""
+    return DiskError(message) if is_machine_error(e) else message
+
+
 def _failed(e: OSError, message: str) -> OSError:
     """``message`` as a DiskError for the machine's failures, else as a plain OSError."""
     return (DiskError if is_machine_error(e) else OSError)(message)

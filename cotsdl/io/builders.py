@@ -60,7 +60,6 @@ def _stream(w: DatasetWriter, images: Iterable[np.ndarray], progress: Progress) 
         progress.update(w.n + len(batch))
     if batch:
         w.add(np.stack(batch))
-    progress.close()
 
 
 # ---------------------------------------------------------------- builders
@@ -134,8 +133,9 @@ def natural(path: str | os.PathLike, count: int, size: Sequence[int], channels: 
         fitted = _lfw_float(mix_idx, size, channels, mode) if face_at else None
         vrng = np.random.default_rng([seed, 2])
         images = (_views(fitted, [face_at[i]], vrng, aug)[0] if img is None else img for i, img in enumerate(crops))
-    with DatasetWriter(path, int(count), size + (channels,), np.uint8, recipe, compression=compression) as w:
-        _stream(w, images, _progress(int(count), f"natural {path}"))
+    with DatasetWriter(path, int(count), size + (channels,), np.uint8, recipe, compression=compression) as w, \
+            _progress(int(count), f"natural {path}") as shown:
+        _stream(w, images, shown)
     return Path(path)
 
 
@@ -312,8 +312,9 @@ def folder(path: str | os.PathLike, src_folder: str | os.PathLike, size: Sequenc
             colour[0] += was_colour
             yield _to_uint8(_fit(img, size, mode))
 
-    with DatasetWriter(path, len(files), size + (channels,), np.uint8, recipe, compression=compression) as w:
-        _stream(w, images(), _progress(len(files), f"folder {src}"))
+    with DatasetWriter(path, len(files), size + (channels,), np.uint8, recipe, compression=compression) as w, \
+            _progress(len(files), f"folder {src}") as shown:
+        _stream(w, images(), shown)
     if channels == 1 and colour[0]:
         print(f"cotsdl: note: {colour[0]} of {len(files)} images were in colour and were converted to grey "
               "(--channels 3 keeps the colour)", file=sys.stderr)
@@ -381,7 +382,6 @@ def resize(path: str | os.PathLike, src_path: str | os.PathLike, size: Sequence[
     dtype = np.uint8 if info.dtype == "uint8" else np.float32
     params = {"src": str(Path(src_path).resolve()), "size": list(size), "channels": channels, "mode": mode}
     recipe = _recipe("resize", None, params, source_recipe=info.recipe)
-    progress = _progress(info.count, f"resize {src_path}")
 
     def convert(img: np.ndarray) -> np.ndarray:
         x = img / 255.0 if img.dtype == np.uint8 else img.astype(np.float64)
@@ -391,12 +391,12 @@ def resize(path: str | os.PathLike, src_path: str | os.PathLike, size: Sequence[
     keep = [k for k, v in (("labels", info.labels), ("groups", info.groups), ("kinds", info.kinds)) if v is not None]
     with h5py.File(src_path, "r") as f, DatasetWriter(path, info.count, size + (channels,), dtype, recipe,
                                                       "labels" in keep, compression, "groups" in keep,
-                                                      info.kind_names) as w:
+                                                      info.kind_names) as w, \
+            _progress(info.count, f"resize {src_path}") as shown:
         for i in range(0, info.count, BATCH):
             batch = np.stack([convert(img) for img in f["images"][i:i + BATCH]])
             w.add(batch, **{k: f[k][i:i + BATCH] for k in keep})
-            progress.update(w.n)
-    progress.close()
+            shown.update(w.n)
     return Path(path)
 
 

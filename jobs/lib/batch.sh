@@ -204,12 +204,11 @@ _cotsdl_progress_guard() {
     local file
     file="$dir/$(_cotsdl_job_key).idle"
     if [ -n "${COTSDL_SESSION_FILE:-}" ] && [ -f "$COTSDL_SESSION_FILE" ]; then
-        read -r start stop < <(python -c 'import json, sys; d = json.load(open(sys.argv[1]))
-print(d["start"], d["stop"])' "$COTSDL_SESSION_FILE" 2>/dev/null) || true
+        read -r start stop < "$COTSDL_SESSION_FILE" || true   # "START STOP" (global steps)
         rm -f "$COTSDL_SESSION_FILE"
     fi
     mkdir -p "$dir" 2>/dev/null || true
-    if [ -n "$start" ] && [ -n "$stop" ] && [ "$stop" -gt "$start" ]; then
+    if [[ $start =~ ^[0-9]+$ && $stop =~ ^[0-9]+$ ]] && [ "$stop" -gt "$start" ]; then
         rm -f "$file"
         cotsdl_log "this start trained global steps $start..$stop"
         return 0
