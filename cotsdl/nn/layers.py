@@ -38,6 +38,7 @@ class Context:
     out: Box  # the owned output box (4-D)
     allreduce: Reduce | None = None
     params: Any = None  # the local weights of a filter
+    workspace: Any = None  # the layer's scratch arrays (ops.Workspace), held by the plan
 
 
 @dataclass(frozen=True)
@@ -82,20 +83,21 @@ class LocalFilter:
     def forward_local(self, x: np.ndarray, ctx: Context):
         if ctx.out.is_empty:
             return _zeros(x, ctx.out.shape), None
-        return ops.local_filter(x, ctx.params, self.stride, self.block), None
+        return ops.local_filter(x, ctx.params, self.stride, self.block, workspace=ctx.workspace), None
 
     def adjoint_local(self, h: np.ndarray, ctx: Context):
         """The filter's adjoint (backward-data) on this rank's sites: h on the owned output box ->
         contributions on the input window (to be summed into the owners)."""
         if ctx.out.is_empty:
             return _zeros(h, ctx.window.shape)
-        return ops.local_filter_backward_data(h, ctx.params, self.stride, self.block, input_shape=ctx.window.shape)
+        return ops.local_filter_backward_data(h, ctx.params, self.stride, self.block, input_shape=ctx.window.shape,
+                                              workspace=ctx.workspace)
 
     def weight_grad_local(self, x: np.ndarray, dy: np.ndarray, ctx: Context):
         """dW on this rank's sites from its input window ``x`` and ``dy`` on its owned output."""
         if ctx.out.is_empty:
             return _zeros(dy, ctx.params.shape)
-        return ops.local_filter_backward_weights(x, dy, self.size, self.stride, self.block)
+        return ops.local_filter_backward_weights(x, dy, self.size, self.stride, self.block, workspace=ctx.workspace)
 
     def backward_local(self, dy: np.ndarray, x: np.ndarray, y: np.ndarray, cache, ctx: Context,
                        input_grad: bool = True):

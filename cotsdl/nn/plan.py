@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from .. import backend
+from .. import backend, ops
 from ..array.box import Box
 from ..array.collective import allreduce
 from ..array.distarray import DistArray
@@ -80,6 +80,9 @@ class NetworkPlan:
             self.layers.append(LayerPlan(**{f.name: getattr(lb, f.name) for f in fields(lb)}, exchange=ex, split=split))
         self.output_owned = boxes[-1].out
         self.output_shape = boxes[-1].out_shape
+        # Each layer's scratch (gathers, per-chunk products) kept from step to step: without it a
+        # script pays page faults on them every step unless the process's allocator was tuned.
+        self.workspaces = {lp.index: ops.Workspace() for lp in self.layers}
 
     # -- parameters -----------------------------------------------------------
     def init_params(self, seed: int = 0, norms: Sequence[float | None] | None = None) -> dict[int, np.ndarray]:
@@ -114,7 +117,7 @@ class NetworkPlan:
     def context(self, lp: LayerPlan, params: dict[int, np.ndarray] | None) -> Context:
         """The boxes, group reduction and weights a layer computes with on this rank."""
         return Context(lp.in_shape, lp.window, lp.out, self._allreduce,
-                       None if params is None else params.get(lp.index))
+                       None if params is None else params.get(lp.index), self.workspaces[lp.index])
 
     # -- the two halves of a layer's communication --------------------------------
     def _fill_window(self, lp: LayerPlan, x: DistArray) -> Any:
@@ -184,7 +187,7 @@ class NetworkPlan:
         if lp.layer.kind == "filter":  # this rank's weights are indexed by its own sites
             w = params[lp.index][sites.slices_in(lp.sites)]
         part, _ = lp.layer.forward_local(xwin[inp.slices_in(lp.window)],
-                                         Context(lp.in_shape, inp, out, self._allreduce, w))
+                                         Context(lp.in_shape, inp, out, self._allreduce, w, self.workspaces[lp.index]))
         y[out.slices_in(lp.out)] = part
 
     def backward(self, dy: DistArray, tape: Tape, params: dict[int, np.ndarray], *, input_grad: bool = True,

@@ -21,7 +21,7 @@ orchestrated by :mod:`cotsdl.nn.plan`; LCN's per-image sums go through the
 
 Forward (public, stable signatures)::
 
-    local_filter(x, w, stride, block=(1, 1))
+    local_filter(x, w, stride, block=(1, 1), *, workspace=None)
     l2_pool(x, size, stride, eps)
     lcn(x, size, sigma, eps)
 
@@ -51,34 +51,39 @@ from . import shapes
 from ._dispatch import implementation
 from .costs import Cost
 from .cpu.parallel import available_cores, num_threads, set_num_threads
+from .cpu.workspace import Workspace
 
 __all__ = ["local_filter", "local_filter_backward_data", "local_filter_backward_weights", "l2_pool",
-           "l2_pool_backward", "lcn", "lcn_backward", "lcn_window", "lcn_window_backward", "Cost",
+           "l2_pool_backward", "lcn", "lcn_backward", "lcn_window", "lcn_window_backward", "Cost", "Workspace",
            "available_cores", "num_threads", "set_num_threads"]
 
 
-def local_filter(x, w, stride, block=(1, 1)):
-    """Block locally-connected filter: y (SH*bh, SW*bw, K, N) from x (H, W, C, N), w (SH, SW, M, rh, rw, C)."""
+def local_filter(x, w, stride, block=(1, 1), *, workspace=None):
+    """Block locally-connected filter: y (SH*bh, SW*bw, K, N) from x (H, W, C, N), w (SH, SW, M, rh, rw, C).
+
+    ``workspace``: a :class:`Workspace` whose scratch arrays are reused from call to call
+    (the numpy backend's gathers and products; the CUDA backend has CuPy's pool and ignores it).
+    """
     shapes.activations("x", x)
     shapes.same_dtype(x=x, w=w)
-    return implementation(x, w).filter_forward(x, w, pair("stride", stride), pair("block", block))
+    return implementation(x, w).filter_forward(x, w, pair("stride", stride), pair("block", block), workspace)
 
 
-def local_filter_backward_data(dy, w, stride, block=(1, 1), *, input_shape: Sequence[int]):
+def local_filter_backward_data(dy, w, stride, block=(1, 1), *, input_shape: Sequence[int], workspace=None):
     """Gradient w.r.t. x (shape ``input_shape[:2] + (C, N)``), i.e. the filter's adjoint applied to dy."""
     shapes.activations("dy", dy)
     shapes.same_dtype(dy=dy, w=w)
     return implementation(dy, w).filter_backward_data(dy, w, pair("stride", stride), pair("block", block),
-                                                      input_shape)
+                                                      input_shape, workspace)
 
 
-def local_filter_backward_weights(x, dy, size, stride, block=(1, 1)):
+def local_filter_backward_weights(x, dy, size, stride, block=(1, 1), *, workspace=None):
     """Gradient w.r.t. the weights, (SH, SW, M, rh, rw, C)."""
     shapes.activations("x", x)
     shapes.activations("dy", dy)
     shapes.same_dtype(x=x, dy=dy)
     return implementation(x, dy).filter_backward_weights(x, dy, pair("size", size), pair("stride", stride),
-                                                         pair("block", block))
+                                                         pair("block", block), workspace)
 
 
 def l2_pool(x, size, stride, eps):

@@ -11,6 +11,8 @@ CASES = [  # (H, W, C, N), size, stride, block, K
     ((8, 9, 2, 5), (5, 4), (1, 2), (2, 3), 1),    # blocks bh, bw > 1
     ((6, 6, 2, 3), (6, 6), (1, 1), (1, 1), 4),    # one site
     ((11, 13, 2, 2), (3, 5), (4, 3), (3, 2), 2),
+    ((20, 9, 2, 3), (5, 3), (2, 2), (1, 1), 2),   # 8 site rows, each writing 2 more rows' x rows
+    ((21, 10, 1, 2), (6, 4), (3, 2), (2, 2), 1),
 ]
 
 
@@ -34,13 +36,19 @@ def test_forward_matches_loops(case, dtype):
     np.testing.assert_allclose(y, ref_filter(x.astype(float), w.astype(float), stride, block), rtol=tol, atol=tol)
 
 
-@pytest.fixture(params=["by_site", "by_window_offset"])
+@pytest.fixture(params=["serial", "threads-small-bands"])
 def scatter(request, monkeypatch):
-    """Backward-data's two scatter orders (chosen by the size of a receptive-field row)."""
-    from cotsdl.ops.cpu import filter as cpu_filter
+    """Backward-data's schedules: one thread, one band; or 3 threads, a band per site row, so the
+    colored blocks of site rows (and their shared x rows) are exercised wherever the sizes allow."""
+    from cotsdl.ops.cpu import parallel
 
-    monkeypatch.setattr(cpu_filter, "SMALL_ROW", 0 if request.param == "by_site" else 1 << 40)
-    return request.param
+    if request.param == "serial":
+        ops.set_num_threads(1)
+    else:
+        ops.set_num_threads(3)
+        monkeypatch.setattr(parallel, "CHUNK_BYTES", 1)
+    yield request.param
+    ops.set_num_threads(None)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -94,3 +102,27 @@ def test_bad_arguments_are_named():
         ops.local_filter(x[:, :, :2], w, stride)
     with pytest.raises(ValueError, match="multiple of the block"):
         ops.local_filter(x, w[:, :, :1], stride, (2, 1))
+
+
+def test_a_workspace_serves_calls_of_any_shape():
+    """One workspace (as a layer holds) reused across passes, shapes, dtypes and threads gives the same results."""
+    from cotsdl.ops.cpu.workspace import Workspace
+
+    ws = Workspace()
+    for case in CASES:
+        for dtype in (np.float32, np.float64):
+            x, w, size, stride, block = make(case, dtype, seed=6)
+            y = ops.local_filter(x, w, stride, block)
+            dx = ops.local_filter_backward_data(y, w, stride, block, input_shape=x.shape)
+            dw = ops.local_filter_backward_weights(x, y, size, stride, block)
+            for threads in (1, 2):
+                ops.set_num_threads(threads)
+                try:
+                    np.testing.assert_array_equal(ops.local_filter(x, w, stride, block, workspace=ws), y)
+                    np.testing.assert_allclose(ops.local_filter_backward_data(y, w, stride, block, input_shape=x.shape,
+                                                                              workspace=ws), dx, rtol=1e-5, atol=1e-5)
+                    np.testing.assert_array_equal(ops.local_filter_backward_weights(x, y, size, stride, block,
+                                                                                    workspace=ws), dw)
+                finally:
+                    ops.set_num_threads(None)
+    assert ws.nbytes > 0

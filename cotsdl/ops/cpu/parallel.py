@@ -65,22 +65,54 @@ def single_threaded_blas() -> Iterator[None]:
         yield
 
 
-def chunked(n: int, work: Callable[[int, int], Any], bytes_per_item: int) -> list[Any]:
-    """Run ``work(lo, hi)`` over ``[0, n)`` in cache-sized chunks on the thread pool.
-
-    Returns the chunks' results in order.  Chunks hold at least one item, at most
-    about ``CHUNK_BYTES`` of gathered operand, and there are at least as many
-    chunks as threads.
-    """
-    global _pool
+def chunk_bounds(n: int, bytes_per_item: int, threads: int | None = None) -> list[tuple[int, int]]:
+    """Cache-sized ``(lo, hi)`` chunks of ``[0, n)``: at least one item, at most about
+    ``CHUNK_BYTES`` of gathered operand, and at least as many chunks as threads."""
     if n <= 0:
         return []
-    threads = min(num_threads(), n)
+    threads = min(num_threads() if threads is None else threads, n)
     per = max(1, min(CHUNK_BYTES // max(1, bytes_per_item), -(-n // threads)))
-    bounds = [(lo, min(n, lo + per)) for lo in range(0, n, per)]
+    return [(lo, min(n, lo + per)) for lo in range(0, n, per)]
+
+
+def run_ranges(bounds: list[tuple[int, int]], work: Callable[[int, int], Any]) -> list[Any]:
+    """``work(lo, hi)`` for every range on the thread pool (BLAS single-threaded meanwhile); results in order."""
+    global _pool
+    threads = min(num_threads(), len(bounds))
     with single_threaded_blas():
-        if threads == 1:
+        if threads <= 1:
             return [work(lo, hi) for lo, hi in bounds]
         if _pool is None or _pool._max_workers != threads:  # noqa: SLF001 - resize on demand
             _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="cotsdl")
         return [f.result() for f in [_pool.submit(work, lo, hi) for lo, hi in bounds]]
+
+
+def chunked(n: int, work: Callable[[int, int], Any], bytes_per_item: int) -> list[Any]:
+    """Run ``work(lo, hi)`` over ``[0, n)`` in cache-sized chunks (:func:`chunk_bounds`) on the thread pool.
+
+    Returns the chunks' results in order.
+    """
+    return run_ranges(chunk_bounds(n, bytes_per_item), work)
+
+
+def colored_blocks(n: int, min_size: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """``[0, n)`` cut into blocks of at least ``min_size`` items, as (even blocks, odd blocks).
+
+    Two blocks of one colour are separated by a block of the other, so work whose writes
+    reach ``min_size`` items beyond its own block can run a colour at a time without locks.
+    The count is a multiple of twice the threads where the sizes allow (balanced phases);
+    when even two blocks are too many, the one block ``[0, n)`` comes back as the even colour.
+    """
+    if n <= 0:
+        return [], []
+    threads = num_threads()
+    if threads == 1:
+        return [(0, n)], []
+    count = 2 * threads
+    while count > 2 and n // count < max(1, min_size):
+        count -= 2
+    if count < 2 or n // count < max(1, min_size):
+        return [(0, n)], []
+    edges = [n * k // count for k in range(count + 1)]
+    blocks = list(zip(edges[:-1], edges[1:]))
+    return blocks[0::2], blocks[1::2]

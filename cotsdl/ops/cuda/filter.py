@@ -1,5 +1,8 @@
 """The block locally-connected filter on the CUDA kernels of ``cuda/filter.cu``: forward,
-backward-data (a gather form, no atomics) and backward-weights, all tiled GEMMs."""
+backward-data (a gather form, no atomics) and backward-weights, all tiled GEMMs.
+
+``workspace`` is accepted for the one interface and ignored: CuPy's memory pool keeps
+device buffers between calls already."""
 from __future__ import annotations
 
 from functools import lru_cache
@@ -65,7 +68,7 @@ def _geom(H, W, C, N, SH, SW, rh, rw, stride, block, K) -> tuple:
     return tuple(np.int32(v) for v in (H, W, C, N, SH, SW, rh, rw, stride[0], stride[1], block[0], block[1], K))
 
 
-def filter_forward(x: Any, w: Any, stride: tuple[int, int], block: tuple[int, int]) -> Any:
+def filter_forward(x: Any, w: Any, stride: tuple[int, int], block: tuple[int, int], workspace: Any = None) -> Any:
     SH, SW, M, rh, rw, C, K = check_weights(x.shape, w, stride, block)
     H, W, _, N = x.shape
     xp = backend.array_module(x)
@@ -76,7 +79,8 @@ def filter_forward(x: Any, w: Any, stride: tuple[int, int], block: tuple[int, in
     return y
 
 
-def filter_backward_data(dy: Any, w: Any, stride: tuple[int, int], block: tuple[int, int], input_shape) -> Any:
+def filter_backward_data(dy: Any, w: Any, stride: tuple[int, int], block: tuple[int, int], input_shape,
+                         workspace: Any = None) -> Any:
     H, W = int(input_shape[0]), int(input_shape[1])
     SH, SW, M, rh, rw, C, K = check_backward_data(dy.shape, w, stride, block, input_shape)
     N = dy.shape[3]
@@ -90,7 +94,8 @@ def filter_backward_data(dy: Any, w: Any, stride: tuple[int, int], block: tuple[
     return dx
 
 
-def filter_backward_weights(x: Any, dy: Any, size: tuple[int, int], stride: tuple[int, int], block: tuple[int, int]) -> Any:
+def filter_backward_weights(x: Any, dy: Any, size: tuple[int, int], stride: tuple[int, int], block: tuple[int, int],
+                            workspace: Any = None) -> Any:
     H, W, C, N = x.shape
     rh, rw = size
     SH, SW, K = check_backward_weights(x.shape, dy.shape, size, stride, block)
