@@ -4,13 +4,14 @@ Per shape: GFLOP/s of the filter's forward, backward-data and backward-weights
 products as a fraction of the ceiling, and GB/s of L2 pooling and LCN (forward and
 backward) on the filter's output, by the minimum bytes of :mod:`cotsdl.ops.costs`.
 
-- ``--backend numpy``: the ceiling is numpy's float32 2048^3 sgemm on all cores,
-  measured in the same run.  ``--peer`` adds the PyTorch formulations (unfold + per-site
-  ``bmm`` / ``fold``; L2 pooling as the square root of an average pool of squares; LCN as
-  a zero-padded Gaussian ``conv2d`` renormalized at the borders, its backward written
-  out), eager and ``torch.compile``'d, and JAX's ``conv_general_dilated_local`` (jit,
-  backward passes by ``jax.vjp``) for the filter; each is checked to compute our
-  function on the shape first (allclose; one that disagrees is reported, not timed).
+- ``--backend numpy``: the four shapes below and the paper's layer on a 96x96x3 input
+  (``P-paper``).  The ceiling is numpy's float32 2048^3 sgemm on all cores, measured in
+  the same run; each filter pass is also set beside its batched products alone (same
+  operands already in the GEMM's layout, same threads: what BLAS gives these small
+  per-site products).  ``--peer`` adds the formulations of :mod:`cotsdl.bench.peers`
+  (PyTorch eager and ``torch.compile``'d, JAX), checked first to compute our function;
+  every contestant of a pass is timed in interleaved rounds, with idle OpenMP and BLAS
+  threads told not to spin, and the best peer's ratio is printed per pass and shape.
 - ``--backend cuda``: CuPy arrays on the GPU; the ceilings are the device's fp32 peak
   (SMs x FP32 lanes x 2 x clock, from the device properties) and cuBLAS sgemm 8192^3
   measured in the same run; the paper-sized layer (200x200x3 input, 18x18 fields,
@@ -30,7 +31,8 @@ import numpy as np
 from .. import backend, ops
 from ..array.rfmap import sites
 from ..ops import costs
-from ..ops.lcn import gaussian as _gaussian
+from ..ops.cpu.parallel import chunk_bounds, run_ranges, single_threaded_blas
+from .peers import LCN, POOL, _agree, peer_callables, peers_importable  # noqa: F401 - _agree: tests use it here
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class Shape:
 
 
 PAPER = Shape("paper", 200, 3, 18, 2, 8, 96, (4, 4))
+#: The paper's layer on a CPU-sized input: 96x96x3, 18x18 fields, stride 2, 4x4 blocks of 8 units
+CPU_PAPER = Shape("P-paper", 96, 3, 18, 2, 8, 32, (4, 4))
 TINY = Shape("emu-tiny", 12, 2, 4, 2, 4, 8, (1, 2))
 SHAPES = [
     Shape("A", 32, 8, 8, 4, 16, 64),
@@ -57,8 +61,7 @@ SHAPES = [
     Shape("C", 20, 16, 6, 2, 32, 128),
     Shape("D-blocks", 48, 3, 12, 4, 8, 64, (2, 2)),
 ]
-POOL = dict(size=(2, 2), stride=(1, 1), eps=0.01)
-LCN = dict(size=5, sigma=1.0, eps=1e-4)
+NUMPY_SHAPES = SHAPES + [CPU_PAPER]
 
 
 def _no_sync() -> None:
@@ -109,221 +112,87 @@ def device_ceilings(repeats: int = 5) -> dict[str, float]:
     return {"name": name.decode() if isinstance(name, bytes) else str(name), "compute_capability": f"{major}.{minor}",
             "fp32_peak_GFLOPs": peak, "memory_GBps": bw, "cublas_sgemm_GFLOPs": gemm}
 
-# -- peers (--peer): the same functions in PyTorch (eager and torch.compile'd) and JAX -------------
+def interleaved_best(fns: dict[str, Callable[[], Any]], repeats: int, min_time: float = 0.0,
+                     sync: Callable[[], None] = _no_sync) -> dict[str, float]:
+    """Minimum wall time of each function, timed in rounds that call every one once in turn
+    (after a warm-up call each), so a change of load touches all of them alike.  At least
+    ``repeats`` rounds and ``min_time`` seconds per function."""
+    for fn in fns.values():
+        fn()
+        sync()
+    best = dict.fromkeys(fns, float("inf"))
+    spent = dict.fromkeys(fns, 0.0)
+    rounds = 0
+    while rounds < repeats or min(spent.values()) < min_time:
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            dt = time.perf_counter() - t0
+            best[name], spent[name] = min(best[name], dt), spent[name] + dt
+        rounds += 1
+    return best
 
 
-def _sites_order(y: np.ndarray, block: tuple[int, int]) -> np.ndarray:
-    """Our filter output (SH*bh, SW*bw, K, N) -> (SH, SW, M, N), the per-site order the peers produce."""
-    H, W, K, N = y.shape
-    bh, bw = block
-    return y.reshape(H // bh, bh, W // bw, bw, K, N).transpose(0, 2, 1, 3, 4, 5).reshape(H // bh, W // bw, -1, N)
+def matmul_alone(name: str, x: np.ndarray, w: np.ndarray, dy: np.ndarray, sh: Shape) -> Callable[[], None]:
+    """The filter pass's batched products alone, on operands already in the GEMM's layout and into a
+    preallocated output, over the same threads and bands as ours: what numpy's BLAS gives these shapes."""
+    SH = SW = sh.sites
+    M, R, N = w.shape[2], w.shape[3] * w.shape[4] * w.shape[5], sh.N
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((SH * SW, R, N), dtype=np.float32).astype(x.dtype)
+    D = rng.standard_normal((SH * SW, M, N), dtype=np.float32).astype(x.dtype)
+    W = w.reshape(SH * SW, M, R)
+    a, b, out = {"filter_forward": (W, X, np.empty((SH * SW, M, N), x.dtype)),
+                 "filter_bwd_data": (W.transpose(0, 2, 1), D, np.empty((SH * SW, R, N), x.dtype)),
+                 "filter_bwd_weights": (D, X.transpose(0, 2, 1), np.empty((SH * SW, M, R), x.dtype))}[name]
+    bounds = chunk_bounds(SH, SW * R * N * x.dtype.itemsize)
+
+    def work(i0: int, i1: int) -> None:
+        np.matmul(a[i0 * SW:i1 * SW], b[i0 * SW:i1 * SW], out=out[i0 * SW:i1 * SW])
+
+    return lambda: run_ranges(bounds, work)
 
 
-def _agree(got: np.ndarray, want: np.ndarray) -> tuple[bool, float]:
-    """Same function: allclose at float32 accuracy, scaled by the size of the values; and the relative error."""
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    if got.shape != want.shape:
-        return False, float("inf")
-    scale = float(np.abs(want).max()) or 1.0
-    err = float(np.abs(got - want).max()) / scale
-    return bool(np.isfinite(err) and np.allclose(got, want, rtol=1e-3, atol=2e-4 * scale)), err
+def _shape(s: Shape | str, known: list[Shape]) -> Shape:
+    if isinstance(s, Shape):
+        return s
+    for sh in known:
+        if sh.name == s.strip():
+            return sh
+    raise ValueError(f"--shapes: no shape {s.strip()!r} here; the shapes are {', '.join(k.name for k in known)}")
 
 
-def _torch_formulations(sh: Shape, data: dict[str, np.ndarray]) -> tuple[dict[str, tuple], Callable] | None:
-    """Per pass: (function, arguments, converter of its result to our layout); None when torch does not import."""
-    try:
-        import torch  # noqa: PLC0415
-        import torch.nn.functional as F  # noqa: N812, PLC0415
-    except ImportError:
-        return None
-    torch.set_num_threads(ops.num_threads())
-    t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
-    nchw = lambda a: t(a.transpose(3, 2, 0, 1))  # noqa: E731  (H, W, C, N) -> (N, C, H, W)
-    back = lambda r: r.detach().numpy().transpose(2, 3, 1, 0)  # noqa: E731  (N, C, H, W) -> (H, W, C, N)
-    x, w, dy = data["x"], data["w"], data["dy"]
-    SH, SW, M = w.shape[:3]
-    S, r, s = SH * SW, sh.r, sh.s
-    H, C = sh.H, sh.C
-    # unfold's patch order is (c, p, q); the weights follow it.
-    wt = t(w.transpose(0, 1, 2, 5, 3, 4).reshape(S, M, -1))
-    xt = nchw(x)
-    dys = t(_sites_order(dy, sh.block).reshape(S, M, -1))
-
-    def patches(xt):  # (S, N, R): Tensor.unfold views, one copy; faster than F.unfold's (N, R, S) in bmm
-        return xt.unfold(2, r, s).unfold(3, r, s).permute(2, 3, 0, 1, 4, 5).reshape(S, xt.shape[0], -1)
-
-    def fwd(xt, wt):
-        return torch.bmm(patches(xt), wt.transpose(1, 2))  # (S, N, M)
-
-    def bwd_data(dyst, wt):
-        cols = torch.bmm(dyst, wt)  # (S, N, R)
-        return F.fold(cols.permute(1, 2, 0).contiguous(), (H, H), r, stride=s)  # (N, C, H, W)
-
-    def bwd_weights(xt, dys):
-        return torch.bmm(dys, patches(xt))  # (S, M, R)
-
-    ps, pst, eps = POOL["size"], POOL["stride"], POOL["eps"]
-    area = ps[0] * ps[1]
-
-    def pool_fwd(a):
-        return torch.sqrt(F.avg_pool2d(a * a, ps, pst) * area + eps)
-
-    def pool_bwd(g, a, b):
-        spread = torch.ops.aten.avg_pool2d_backward(torch.where(b > 0, g / b, 0), a, ps, pst, [0, 0], False, True, 1)
-        return spread * a
-
-    # LCN: the Gaussian as one (2 rho + 1)^2 convolution, zero-padded, renormalized by Z at the borders.
-    size, sigma, leps = LCN["size"], LCN["sigma"], LCN["eps"]
-    rho = size // 2
-    g1 = _gaussian(size, sigma)
-    Hy, Wy, Cy = data["y"].shape[:3]
-    g2 = t(np.outer(g1, g1).astype(np.float32)[None, None])
-    z = F.conv2d(torch.ones(1, 1, Hy, Wy), g2, padding=rho)
-
-    def smooth(u):  # (N, 1, H, W)
-        return F.conv2d(u, g2, padding=rho) / z
-
-    def smooth_t(u):  # adjoint of smooth: the zero-padded convolution with a symmetric g is self-adjoint
-        return F.conv2d(u / z, g2, padding=rho)
-
-    def lcn_parts(a):
-        v = a - smooth(a.mean(1, keepdim=True))
-        sd = torch.sqrt(smooth((v * v).mean(1, keepdim=True)))
-        m = sd.mean((2, 3), keepdim=True)
-        return v, sd, m, torch.clamp(torch.maximum(sd, m), min=leps)
-
-    def lcn_fwd(a):
-        v, _, _, d = lcn_parts(a)
-        return v / d
-
-    def lcn_bwd(g, a):  # the forward recomputed, as ours does
-        v, sd, m, d = lcn_parts(a)
-        dd = -(g * v).sum(1, keepdim=True) / (d * d)
-        s_wins = (sd >= m) & (sd >= leps)
-        m_wins = ~s_wins & (m >= leps)
-        ds = torch.where(s_wins, dd, 0) + torch.where(m_wins, dd, 0).sum((2, 3), keepdim=True) / (Hy * Wy)
-        du = torch.where(sd > 0, ds / (2 * sd), 0)
-        dv = g / d + (2.0 / Cy) * v * smooth_t(du)
-        return dv - smooth_t(dv.sum(1, keepdim=True)) / Cy
-
-    yt, pt, dpt, dyt = nchw(data["y"]), nchw(data["p"]), nchw(data["dp"]), nchw(dy)
-    dyst = dys.transpose(1, 2).contiguous()  # (S, N, M)
-    forms = {
-        "filter_forward": (fwd, (xt, wt), lambda o: o.detach().numpy().reshape(SH, SW, -1, M).transpose(0, 1, 3, 2)),
-        "filter_bwd_data": (bwd_data, (dyst, wt), back),
-        "filter_bwd_weights": (bwd_weights, (xt, dys),
-                               lambda o: o.detach().numpy().reshape(SH, SW, M, C, r, r).transpose(0, 1, 2, 4, 5, 3)),
-        "pool_forward": (pool_fwd, (yt,), back),
-        "pool_backward": (pool_bwd, (dpt, yt, pt), back),
-        "lcn_forward": (lcn_fwd, (yt,), back),
-        "lcn_backward": (lcn_bwd, (dyt, yt), back),
-    }
-    return forms, lambda f: torch.compile(f, dynamic=False)
-
-
-def _jax_formulations(sh: Shape, data: dict[str, np.ndarray]) -> dict[str, tuple] | None:
-    """The filter's passes with ``jax.lax.conv_general_dilated_local`` (jit; the backward passes by ``jax.vjp``)."""
-    try:
-        import jax  # noqa: PLC0415
-    except ImportError:
-        return None
-    x, w, dy = data["x"], data["w"], data["dy"]
-    SH, SW, M = w.shape[:3]
-    r, s, C = sh.r, sh.s, sh.C
-    put = lambda a: jax.device_put(np.ascontiguousarray(a))  # noqa: E731
-    xj = put(x.transpose(3, 2, 0, 1))  # (N, C, H, W)
-    wj = put(w.transpose(2, 5, 3, 4, 0, 1).reshape(M, C * r * r, SH, SW))  # (O, I = (c, p, q), SH, SW)
-    dyj = put(_sites_order(dy, sh.block).transpose(3, 2, 0, 1))  # (N, M, SH, SW)
-
-    def f(a, b):
-        return jax.lax.conv_general_dilated_local(a, b, (s, s), "VALID", (r, r),
-                                                  dimension_numbers=("NCHW", "OIHW", "NCHW"))
-
-    fwd = jax.jit(f)
-    bwd_data = jax.jit(lambda g, b: jax.vjp(lambda a: f(a, b), xj)[1](g)[0])
-    bwd_weights = jax.jit(lambda a, g: jax.vjp(lambda b: f(a, b), wj)[1](g)[0])
-    ready = lambda fn: (lambda *a: fn(*a).block_until_ready())  # noqa: E731
-    return {
-        "filter_forward": (ready(fwd), (xj, wj), lambda o: np.asarray(o).transpose(2, 3, 1, 0)),
-        "filter_bwd_data": (ready(bwd_data), (dyj, wj), lambda o: np.asarray(o).transpose(2, 3, 1, 0)),
-        "filter_bwd_weights": (ready(bwd_weights), (xj, dyj),
-                               lambda o: np.asarray(o).reshape(M, C, r, r, SH, SW).transpose(4, 5, 0, 2, 3, 1)),
-    }
-
-
-def _ours_for_peers(name: str, result: np.ndarray, block: tuple[int, int]) -> np.ndarray:
-    """Our result in the layout the peers' converters give back."""
-    return _sites_order(result, block) if name == "filter_forward" else result
-
-
-def peer_times(sh: Shape, data: dict[str, np.ndarray], ours: dict[str, np.ndarray], repeats: int,
-               min_time: float) -> dict[str, dict[str, dict[str, Any]]]:
-    """Per pass and peer: whether it computes our function on this shape, and its time when it does.
-
-    A peer whose result is not allclose to ours is reported (``agrees: False``, its error) and not timed.
-    """
-    found: dict[str, dict[str, tuple]] = {}
-    torch_forms = _torch_formulations(sh, data)
-    if torch_forms is not None:
-        forms, compile_ = torch_forms
-        found["torch"] = forms
-        found["torch-compile"] = {k: (compile_(fn), a, conv) for k, (fn, a, conv) in forms.items()}
-    jax_forms = _jax_formulations(sh, data)
-    if jax_forms is not None:
-        found["jax"] = jax_forms
-    res: dict[str, dict[str, dict[str, Any]]] = {}
-    for peer, forms in found.items():
-        for name, (fn, args, conv) in forms.items():
-            try:
-                got = conv(fn(*args))
-            except Exception as e:  # noqa: BLE001 - a peer that fails is reported, the bench goes on
-                res.setdefault(name, {})[peer] = {"agrees": False, "error": f"{type(e).__name__}: {e}"[:300]}
-                continue
-            ok, err = _agree(got, _ours_for_peers(name, ours[name], sh.block))
-            rec: dict[str, Any] = {"agrees": ok, "max_rel_error": err}
-            if ok:
-                t0 = time.perf_counter()
-                fn(*args)
-                once = time.perf_counter() - t0
-                # A peer slower than a second per call is timed once: it is not close to level anyway.
-                rec["seconds"] = once if once > 1.0 else best_time(lambda: fn(*args), repeats, min_time=min_time)
-            res.setdefault(name, {})[peer] = rec
-    return res
-
-
-def peers_importable() -> list[str]:
-    """The peers whose libraries import here."""
-    have = []
-    for mod, names in (("torch", ["torch", "torch-compile"]), ("jax", ["jax"])):
-        try:
-            __import__(mod)
-        except ImportError:
-            continue
-        have += names
-    return have
+def _best_peer(peers: dict[str, dict[str, Any]]) -> tuple[str, float] | None:
+    timed = [(p, r["seconds"]) for p, r in peers.items() if r.get("seconds")]
+    return min(timed, key=lambda t: t[1]) if timed else None
 
 
 def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: float = 0.2,
         backend_name: str = "numpy", peer: bool = False, shapes: list[Shape] | None = None) -> dict[str, Any]:
     """Measure every shape (``shapes``, default the backend's list); print a table; return the numbers.
 
-    ``peer``: on the numpy backend also run the PyTorch (eager, compiled) and JAX formulations that import,
-    each checked first to compute our function on the shape; ``ratio`` = peer time / our time (> 1: ours faster).
+    On the numpy backend each filter pass is also compared with its batched products alone
+    (:func:`matmul_alone`).  ``peer``: also run the PyTorch (eager, compiled) and JAX
+    formulations that import, each checked first to compute our function on the shape, and
+    timed interleaved with ours; ``ratio`` = peer time / our time (> 1: ours faster), and
+    ``best_peer`` the fastest of them.
     """
     dtype = np.dtype(dtype)
     item = dtype.itemsize
     say = lambda *a: print(*a, file=log, flush=True)  # noqa: E731
-    xp, sync, default_shapes, dev = np, _no_sync, SHAPES, None
+    xp, sync, dev = np, _no_sync, None
+    default_shapes = {"cuda": SHAPES + [PAPER], "cuda-emu": [TINY]}.get(backend_name, NUMPY_SHAPES)
+    shapes = default_shapes if shapes is None else [_shape(s, default_shapes) for s in shapes]
     if backend_name == "cuda":
         cupy = backend.cupy_module()
-        xp, sync, default_shapes = cupy, cupy.cuda.get_current_stream().synchronize, SHAPES + [PAPER]
+        xp, sync = cupy, cupy.cuda.get_current_stream().synchronize
         dev = device_ceilings()
         ceiling = dev["fp32_peak_GFLOPs"]
     elif backend_name == "cuda-emu":
-        default_shapes, ceiling = [TINY], sgemm_ceiling()
+        ceiling = sgemm_ceiling()
     else:
         ceiling = sgemm_ceiling()
-    shapes = default_shapes if shapes is None else list(shapes)
     peers: list[str] = []
     if peer and backend_name != "numpy":
         say(f"(--peer compares the numpy backend only; ignored with --backend {backend_name})")
@@ -335,9 +204,10 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
             say("(--peer: JAX is not importable; PyTorch peers only)")
         elif "torch" not in peers:
             say("(--peer: PyTorch is not importable; JAX peer only)")
+    alone = backend_name == "numpy"
     out: dict[str, Any] = {"benchmark": "layers", "backend": backend_name, "dtype": dtype.name,
                            "threads": ops.num_threads(), "sgemm_2048_GFLOPs": None if dev else ceiling,
-                           "device": dev, "peers": peers if peer else None, "results": []}
+                           "device": dev, "peers": peers if peer else None, "interleaved": True, "results": []}
     if dev:
         say(f"cotsdl bench layers: cuda, {dev['name']}, {dtype.name}; fp32 peak {dev['fp32_peak_GFLOPs'] / 1e3:.1f} "
             f"TFLOP/s, memory {dev['memory_GBps']:.0f} GB/s (device properties); cuBLAS sgemm 8192^3 "
@@ -345,17 +215,22 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
     else:
         say(f"cotsdl bench layers: {backend_name}, {dtype.name}, {ops.num_threads()} thread(s); "
             f"sgemm 2048^3 ceiling {ceiling:.1f} GFLOP/s (same run)")
-    peer_head = "".join(f" {'/' + p:>14}" for p in peers)
-    say(f"{'shape':9} {'op':18} {'ms':>9} {'GFLOP/s':>9} {'of sgemm' if dev is None else 'of peak':>9} {'GB/s':>8}"
-        + peer_head)
+    peer_head = "".join(f" {'/' + p:>14}" for p in peers) + (f" {'best peer':>20}" if peers else "")
+    say(f"{'shape':9} {'op':18} {'ms':>9} {'GFLOP/s':>9} {'of sgemm' if dev is None else 'of peak':>9} "
+        + (f"{'matmul':>7} {'of mm':>6} " if alone else "") + f"{'GB/s':>8}" + peer_head)
+    if alone:
+        say(f"{'':48}(matmul: the batched products alone, same operands and threads, as a fraction of sgemm;")
+        say(f"{'':48} of mm: their time / ours)")
     if peers:
         say(f"{'':48}(peer time / ours, peer ms: ratio > 1 means ours is faster; '≠': disagrees, not timed)")
+    fkey = "fraction_of_sgemm" if dev is None else "fraction_of_peak"
     for sh in shapes:
         rng = np.random.default_rng(0)
         x = xp.asarray(rng.standard_normal((sh.H, sh.H, sh.C, sh.N)).astype(dtype))
         M = sh.block[0] * sh.block[1] * sh.K
         w = xp.asarray((rng.standard_normal((sh.sites, sh.sites, M, sh.r, sh.r, sh.C), dtype=np.float32) / sh.r).astype(dtype))
         size, stride = (sh.r, sh.r), (sh.s, sh.s)
+        ws = ops.Workspace()  # as a layer's, held by the network plan
         y = ops.local_filter(x, w, stride, sh.block)
         dy = xp.asarray(rng.standard_normal(y.shape).astype(dtype))
         fc = costs.local_filter(sh.H, sh.H, sh.C, sh.N, size, stride, sh.block, sh.K, item)
@@ -364,10 +239,10 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
         pc = costs.l2_pool(*y.shape, POOL["size"], POOL["stride"], item)
         lc = costs.lcn(*y.shape, LCN["size"], item)
         runs = {
-            "filter_forward": (lambda: ops.local_filter(x, w, stride, sh.block), fc["forward"]),
-            "filter_bwd_data": (lambda: ops.local_filter_backward_data(dy, w, stride, sh.block, input_shape=x.shape),
-                                fc["backward_data"]),
-            "filter_bwd_weights": (lambda: ops.local_filter_backward_weights(x, dy, size, stride, sh.block),
+            "filter_forward": (lambda: ops.local_filter(x, w, stride, sh.block, workspace=ws), fc["forward"]),
+            "filter_bwd_data": (lambda: ops.local_filter_backward_data(dy, w, stride, sh.block, input_shape=x.shape,
+                                                                       workspace=ws), fc["backward_data"]),
+            "filter_bwd_weights": (lambda: ops.local_filter_backward_weights(x, dy, size, stride, sh.block, workspace=ws),
                                    fc["backward_weights"]),
             "pool_forward": (lambda: ops.l2_pool(y, **POOL), pc["forward"]),
             "pool_backward": (lambda: ops.l2_pool_backward(dp, y, p, POOL["size"], POOL["stride"]), pc["backward"]),
@@ -376,34 +251,48 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
         }
         row: dict[str, Any] = {"shape": sh.name, "H": sh.H, "W": sh.H, "C": sh.C, "r": sh.r, "s": sh.s, "K": sh.K,
                                "N": sh.N, "block": list(sh.block), "ops": {}}
-        fkey = "fraction_of_sgemm" if dev is None else "fraction_of_peak"
+        found = peer_callables(sh, {"x": x, "w": w, "dy": dy, "y": y, "p": p, "dp": dp},
+                               {name: fn() for name, (fn, _) in runs.items()}) if peers else {}
         for name, (fn, cost) in runs.items():
-            t = best_time(fn, repeats, min_time=min_time, sync=sync)
-            rec = {"seconds": t, "GFLOPs": cost.flops / t / 1e9, "GBps": cost.bytes / t / 1e9}
+            contestants: dict[str, Callable[[], Any]] = {"ours": fn}
+            if alone and name.startswith("filter"):
+                contestants["matmul"] = matmul_alone(name, x, w, dy, sh)
+            recs = {pname: rec for pname, (rec, _) in found.get(name, {}).items()}
+            contestants.update({pname: call for pname, (_, call) in found.get(name, {}).items() if call is not None})
+            with single_threaded_blas():  # no idle BLAS threads spinning beside whatever is timed
+                times = interleaved_best(contestants, repeats, min_time, sync)
+            t = times["ours"]
+            rec: dict[str, Any] = {"seconds": t, "GFLOPs": cost.flops / t / 1e9, "GBps": cost.bytes / t / 1e9}
             if name.startswith("filter"):
                 rec[fkey] = rec["GFLOPs"] / ceiling
+                if "matmul" in times:
+                    rec["matmul_alone_seconds"] = times["matmul"]
+                    rec["matmul_alone_fraction_of_sgemm"] = cost.flops / times["matmul"] / 1e9 / ceiling
+                    rec["fraction_of_matmul_alone"] = times["matmul"] / t
             elif dev is not None:
                 rec["fraction_of_bandwidth"] = rec["GBps"] / dev["memory_GBps"]
-            row["ops"][name] = rec
-        # The peers after ours: their thread pools must not run beside our timings.
-        cmp = peer_times(sh, {"x": x, "w": w, "dy": dy, "y": y, "p": p, "dp": dp},
-                         {name: fn() for name, (fn, _) in runs.items()}, repeats, min_time) if peers else {}
-        for name, rec in row["ops"].items():
-            t, cells = rec["seconds"], []
+            cells = []
             if peers:
-                rec["peers"] = cmp.get(name, {})
+                for pname, pr in recs.items():
+                    if pname in times:
+                        pr["seconds"], pr["ratio"] = times[pname], times[pname] / t
+                rec["peers"] = recs
                 for pname in peers:
-                    pr = rec["peers"].get(pname)
-                    if pr is None:
-                        cells.append(f"{'-':>15}")
-                    elif not pr["agrees"]:
-                        cells.append(f"{'≠':>15}")
-                    else:
-                        pr["ratio"] = pr["seconds"] / t
-                        cells.append(f" {pr['ratio']:6.2f} ({pr['seconds'] * 1e3:.2g})".rjust(15))
+                    pr = recs.get(pname)
+                    cells.append(f"{'-':>15}" if pr is None else f"{'≠':>15}" if not pr["agrees"]
+                                 else f" {pr['ratio']:6.2f} ({pr['seconds'] * 1e3:.2g})".rjust(15))
+                best = _best_peer(recs)
+                if best is not None:
+                    rec["best_peer"] = {"peer": best[0], "seconds": best[1], "ratio": best[1] / t}
+                    cells.append(f" {best[1] / t:6.2f} {best[0]}".rjust(21))
             frac = f"{rec[fkey]:9.2f}" if fkey in rec else f"{'':9}"
+            mm = ""
+            if alone:
+                mm = (f"{rec['matmul_alone_fraction_of_sgemm']:7.2f} {rec['fraction_of_matmul_alone']:6.2f} "
+                      if "matmul_alone_seconds" in rec else f"{'':7} {'':6} ")
             gbs = f"{rec['GBps']:8.2f}" if not name.startswith("filter") else f"{'':8}"
-            say(f"{sh.name:9} {name:18} {t * 1e3:9.3f} {rec['GFLOPs']:9.1f} {frac} {gbs}" + "".join(cells))
+            say(f"{sh.name:9} {name:18} {t * 1e3:9.3f} {rec['GFLOPs']:9.1f} {frac} {mm}{gbs}" + "".join(cells))
+            row["ops"][name] = rec
         out["results"].append(row)
     for row in out["results"]:
         for name, rec in row["ops"].items():

@@ -35,6 +35,8 @@ def add_parser(sub) -> None:
     la.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     la.add_argument("--threads", type=int, help="threads of the numpy backend (default: all cores)")
     la.add_argument("--min-time", type=float, default=0.2, help="seconds of repeats per operation at least (default 0.2)")
+    la.add_argument("--shapes", metavar="NAMES", help="comma-separated shape names (default: all of the backend's, "
+                    "e.g. A,B,C,D-blocks,P-paper for numpy)")
     la.add_argument("--peer", action="store_true",
                     help="also time the PyTorch (eager and compiled) and JAX formulations when importable, after "
                          "checking they compute the same function, and print speed ratios")
@@ -47,10 +49,14 @@ def add_parser(sub) -> None:
     sc.add_argument("--stage", type=int, default=0, help="the stage whose training step is timed (default 0)")
     sc.add_argument("--grid", type=int, nargs=2, metavar=("PY", "PX"), help="model grid (default: chosen)")
     sc.add_argument("--replicas", type=int, default=1, help="data-parallel replicas (default 1)")
-    sc.add_argument("--overlap", choices=["on", "off", "both"], default="both",
-                    help="halo/compute overlap (default: both, measured in the same run)")
+    sc.add_argument("--overlap", choices=["on", "off", "both", "auto"], default="both",
+                    help="halo/compute overlap (default: both, measured in the same run; every row also says what "
+                         "parallel.overlap = \"auto\" chooses and, with both, how its step time compares with the "
+                         "faster; auto: only what auto chooses)")
     sc.add_argument("--machine", metavar="FILE|PRESET", help="also print the planner's predicted step time "
-                                                             "for this machine (a calibration file or a preset)")
+                                                             "for this machine (a calibration file or a preset); "
+                                                             "\"auto\" decides with it (default: ./machine.json "
+                                                             "if there is one, as cotsdl train)")
     sc.add_argument("--json", metavar="FILE", help="write the results as JSON (rank 0)")
     ca = bsub.add_parser("calibrate", help="measure this machine (link latency and bandwidth, exchange, layer "
                                            "passes) and write the machine file `cotsdl plan` reads "
@@ -98,7 +104,7 @@ def _layers(args) -> int:
         ops.set_num_threads(args.threads)
     backend.use(args.backend)
     res = layers.run(args.repeats, np.dtype(args.dtype), min_time=args.min_time, backend_name=args.backend,
-                     peer=args.peer)
+                     peer=args.peer, shapes=args.shapes.split(",") if args.shapes else None)
     if args.json:
         common.write_json(args.json, res)
         print(f"wrote {args.json}")
@@ -147,11 +153,13 @@ def _scaling(args) -> int:
         except ValueError as e:  # every rank reads the same file: one agreed message
             err = str(e)
     raise_collectively(comm, err)
+    decide = _decider(spec, args.machine, args.stage)
     res = scaling.run(comm, network, tc.make_optimizer, batch=spec.global_batch,
                       stage=args.stage, steps=args.steps, warmup=args.warmup, replicas=args.replicas,
                       grid=tuple(args.grid) if args.grid else None,
-                      overlaps={"on": (True,), "off": (False,), "both": (True, False)}[args.overlap],
-                      predict=predict, lam=tc.lam, tied=tc.tied, seed=tc.seed, dtype=tc.dtype)
+                      overlaps={"on": (True,), "off": (False,), "both": (True, False),
+                                "auto": ("auto",)}[args.overlap],
+                      predict=predict, decide=decide, lam=tc.lam, tied=tc.tied, seed=tc.seed, dtype=tc.dtype)
     res["config"], res["machine"] = str(args.config), args.machine
     if args.json and comm.Get_rank() == 0:
         common.write_json(args.json, res)
@@ -173,6 +181,22 @@ def _predictor(spec, machine_arg: str, stage: int):
                                     optimizer_slots=spec.train.optimizer_slots, ranks_per_node=p,
                                     tied=spec.train.tied, overlap=overlap)["seconds"]
     return predict
+
+
+def _decider(spec, machine_arg: str | None, stage: int):
+    """What ``parallel.overlap = "auto"`` chooses for a setting, as ``scaling.run`` asks for it: with
+    ``--machine`` (checked already), else the machine ``cotsdl train`` decides with."""
+    from .. import planner  # noqa: PLC0415
+    from ..planner.overlap import model_machine  # noqa: PLC0415
+
+    machine, why = (planner.load_machine(machine_arg), "") if machine_arg else model_machine()
+
+    def decide(p, replicas, dims):
+        return planner.choose_overlap(spec.network, spec.global_batch // replicas, p, dims, replicas, machine,
+                                      stages=[stage], dtype=spec.train.dtype.name,
+                                      optimizer_slots=spec.train.optimizer_slots, ranks_per_node=p,
+                                      tied=spec.train.tied, no_machine=why)
+    return decide
 
 
 def _calibrate(args) -> int:

@@ -138,14 +138,14 @@ class L2Pool:
     def forward_local(self, x: np.ndarray, ctx: Context):
         if ctx.out.is_empty:
             return _zeros(x, ctx.out.shape), None
-        return ops.l2_pool(x, self.size, self.stride, self.eps), None
+        return ops.l2_pool(x, self.size, self.stride, self.eps, workspace=ctx.workspace), None
 
     def backward_local(self, dy, x, y, cache, ctx: Context, input_grad: bool = True):
         if not input_grad:  # no weights: nothing else to compute
             return None, None
         if ctx.out.is_empty:
             return _zeros(dy, ctx.window.shape), None
-        return ops.l2_pool_backward(dy, x, y, self.size, self.stride), None
+        return ops.l2_pool_backward(dy, x, y, self.size, self.stride, workspace=ctx.workspace), None
 
 
 @dataclass(frozen=True)

@@ -86,21 +86,21 @@ def local_filter_backward_weights(x, dy, size, stride, block=(1, 1), *, workspac
                                                          pair("block", block), workspace)
 
 
-def l2_pool(x, size, stride, eps):
+def l2_pool(x, size, stride, eps, *, workspace=None):
     """L2 pooling: y (PH, PW, C, N) = sqrt(eps + window sums of x^2)."""
     shapes.activations("x", x)
     size = pair("size", size)
     shapes.fits("pooling size", x.shape[:2], size)
-    return implementation(x).pool_forward(x, size, pair("stride", stride), nonneg("eps", eps))
+    return implementation(x).pool_forward(x, size, pair("stride", stride), nonneg("eps", eps), workspace)
 
 
-def l2_pool_backward(dy, x, y, size, stride):
+def l2_pool_backward(dy, x, y, size, stride, *, workspace=None):
     """Gradient w.r.t. x given dy, the input x and the output y of :func:`l2_pool`."""
     shapes.activations("x", x)
     shapes.same_dtype(dy=dy, x=x, y=y)
     size, stride = pair("size", size), pair("stride", stride)
     shapes.check_pool_backward(dy, x, y, size, stride)
-    return implementation(dy, x, y).pool_backward(dy, x, y, size, stride)
+    return implementation(dy, x, y).pool_backward(dy, x, y, size, stride, workspace)
 
 
 def lcn_window(x, x_box: Box, out: Box, image_hw, size, sigma, eps, allreduce=None):

@@ -32,6 +32,8 @@ def test_peer_on_a_small_shape_agrees_or_reports():
             # Every formulation computes our function on this shape; each is timed with a ratio.
             assert pr["agrees"], (name, peer, pr)
             assert pr["seconds"] > 0 and pr["ratio"] > 0
+        best = min(rec["peers"].items(), key=lambda kv: kv[1]["seconds"])
+        assert rec["best_peer"]["peer"] == best[0] and rec["best_peer"]["ratio"] == best[1]["ratio"]
     torch_passes = {n for n, r in row["ops"].items() if "torch" in r["peers"]}
     assert torch_passes == (PASSES if "torch" in have else set())
     jax_passes = {n for n, r in row["ops"].items() if "jax" in r["peers"]}
@@ -61,4 +63,15 @@ def test_peer_flag_without_peers_still_runs(tmp_path):
     assert "neither PyTorch nor JAX is importable" in res.stdout
     data = json.loads(out.read_text())
     assert data["peers"] == []
-    assert len(data["results"]) == len(layers.SHAPES)
+    assert [r["shape"] for r in data["results"]] == [s.name for s in layers.NUMPY_SHAPES]
+    for row in data["results"]:  # every filter pass beside its batched products alone
+        for name in ("filter_forward", "filter_bwd_data", "filter_bwd_weights"):
+            rec = row["ops"][name]
+            assert rec["matmul_alone_seconds"] > 0 and rec["fraction_of_matmul_alone"] > 0
+
+
+def test_interleaved_rounds_call_every_function_alike():
+    calls = []
+    best = layers.interleaved_best({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3)
+    assert calls == ["a", "b"] * 4  # one warm-up each, then three rounds in turn
+    assert set(best) == {"a", "b"} and all(t >= 0 for t in best.values())

@@ -47,3 +47,28 @@ def test_bad_arguments_are_named():
         ops.l2_pool(x, (2, 2), (2, 2), -1)
     with pytest.raises(ValueError, match="pooling size"):
         ops.l2_pool(x, (5, 2), (2, 2), 0)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bands_over_threads_give_the_loops_result(case, monkeypatch):
+    """Every row band on its own thread (a band per row, all sizes threaded): the same values as the
+    loops, and the backward the same as in one band."""
+    from cotsdl.ops.cpu import parallel, pool
+
+    x = np.random.default_rng(7).standard_normal(case[0])
+    size, stride = case[1], case[2]
+    y = ops.l2_pool(x, size, stride, 0.01)
+    dy = np.random.default_rng(8).standard_normal(y.shape)
+    dx = ops.l2_pool_backward(dy, x, y, size, stride)
+    monkeypatch.setattr(parallel, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(pool, "PARALLEL_BYTES", 0)
+    ops.set_num_threads(3)
+    try:
+        ws = ops.Workspace()
+        for _ in range(2):  # the second time with the workspace's buffers reused
+            yb = ops.l2_pool(x, size, stride, 0.01, workspace=ws)
+            np.testing.assert_allclose(yb, ref_pool(x, size, stride, 0.01), rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(ops.l2_pool_backward(dy, x, yb, size, stride, workspace=ws), dx,
+                                       rtol=1e-12, atol=1e-12)
+    finally:
+        ops.set_num_threads(None)

@@ -52,17 +52,29 @@ def set_num_threads(n: int | None) -> None:
 
 @contextmanager
 def single_threaded_blas() -> Iterator[None]:
-    """BLAS limited to one thread inside the block (our threads do the parallel work)."""
+    """BLAS limited to one thread inside the block (our threads do the parallel work).
+
+    The BLAS libraries are found once (threadpoolctl); entering then costs a get and, when
+    BLAS has more than one thread, a set and a restore per library: microseconds, where a
+    ``ThreadpoolController.limit`` per call cost about 0.1 ms (more than a small pooling call).
+    """
     global _controller
-    try:
-        from threadpoolctl import ThreadpoolController  # noqa: PLC0415
-    except ImportError:  # pragma: no cover - a dependency, but stay usable without it
-        yield
-        return
     if _controller is None:
-        _controller = ThreadpoolController()
-    with _controller.limit(limits=1, user_api="blas"):
+        try:
+            from threadpoolctl import ThreadpoolController  # noqa: PLC0415
+        except ImportError:  # pragma: no cover - a dependency, but stay usable without it
+            _controller = []
+        else:
+            _controller = list(ThreadpoolController().select(user_api="blas").lib_controllers)
+    saved = [(lib, lib.num_threads) for lib in _controller]
+    changed = [(lib, n) for lib, n in saved if n != 1]
+    for lib, _ in changed:
+        lib.set_num_threads(1)
+    try:
         yield
+    finally:
+        for lib, n in changed:
+            lib.set_num_threads(n)
 
 
 def chunk_bounds(n: int, bytes_per_item: int, threads: int | None = None) -> list[tuple[int, int]]:

@@ -15,7 +15,7 @@ def _ints(x: Any, size, stride, PH: int, PW: int) -> tuple:
     return tuple(np.int32(v) for v in (H, W, C, N, size[0], size[1], stride[0], stride[1], PH, PW))
 
 
-def pool_forward(x: Any, size, stride, eps: float) -> Any:
+def pool_forward(x: Any, size, stride, eps: float, workspace: Any = None) -> Any:
     PH, PW = window_sites(x.shape[:2], size, stride)
     y = backend.array_module(x).empty((PH, PW) + tuple(x.shape[2:]), x.dtype)
     if y.size:
@@ -24,7 +24,7 @@ def pool_forward(x: Any, size, stride, eps: float) -> Any:
     return y
 
 
-def pool_backward(dy: Any, x: Any, y: Any, size, stride) -> Any:
+def pool_backward(dy: Any, x: Any, y: Any, size, stride, workspace: Any = None) -> Any:
     PH, PW = y.shape[:2]
     dx = backend.array_module(x).empty(x.shape, x.dtype)
     if dx.size:
