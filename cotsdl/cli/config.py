@@ -158,7 +158,9 @@ SCHEMA: dict[str, Any] = {
                                   "rows/columns (otherwise an error)")},
     "parallel": {"replicas": Key(integer(1), 1, "data-parallel model groups"),
                  "grid": Key(either(choice("auto"), ints(2)), "auto", "[Py, Px] per model group"),
-                 "overlap": Key(boolean, True, "compute interiors while halos travel (same results)")},
+                 "overlap": Key(either(choice("auto"), boolean), "auto",
+                                "compute interiors while halos travel (same results); \"auto\": where the run "
+                                "planner predicts a gain (cotsdl.planner.overlap)")},
     "train": {"steps": Key(per_stage(integer(0), "an integer >= 0"), None, "steps per stage (or epochs)"),
               "epochs": Key(per_stage(number(0), "a number >= 0"), None, "passes over the data per stage"),
               "lam": Key(number(0), 0.1, "weight of the sparsity term"),

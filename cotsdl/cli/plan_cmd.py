@@ -36,7 +36,9 @@ def add_parser(sub) -> None:
                     "(default: this if ./machine.json exists, else gtx680-fdr)")
     sp.add_argument("--stage", type=int, help="only this stage (default: every stage)")
     sp.add_argument("--ranks-per-node", type=int, help="ranks per node (default: one per GPU, or per core)")
-    sp.add_argument("--overlap", choices=["on", "off"], help="halo/compute overlap (default: the config's, else off)")
+    sp.add_argument("--overlap", choices=["on", "off", "auto"],
+                    help="halo/compute overlap; auto: on where the model predicts a gain on the machine "
+                         "(default: the config's parallel.overlap, auto unless set)")
     sp.add_argument("--table", action="store_true", help="the scaling table of every config x --ranks x --machine")
     sp.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config key")
     sp.add_argument("--json", metavar="FILE", help="write everything as JSON")
@@ -113,8 +115,29 @@ def _stages(args, net) -> list[int]:
     return [args.stage]
 
 
-def _overlap(args, spec) -> bool:
-    return args.overlap == "on" if args.overlap else spec.parallel.overlap
+def _overlap_setting(args, spec) -> tuple[bool | str, str]:
+    """(True, False or "auto", where that comes from)."""
+    if args.overlap:
+        return {"on": True, "off": False, "auto": "auto"}[args.overlap], "--overlap"
+    return spec.parallel.overlap, "the config"
+
+
+def _overlap(args, spec, net, batch, ranks, grid, reps, machine, stages, kw) -> dict[str, Any]:
+    """The overlap a plan predicts with: the one given, or what "auto" chooses here (and why)."""
+    from ..planner.overlap import choose_overlap  # noqa: PLC0415
+
+    setting, source = _overlap_setting(args, spec)
+    if setting != "auto":
+        why = f"--overlap {args.overlap}" if source == "--overlap" else "set in the config"
+        return {"on": bool(setting), "setting": setting, "source": source, "reason": why,
+                "seconds_on": None, "seconds_off": None}
+    choice = choose_overlap(net, batch, ranks, grid, reps, machine, stages=stages, **kw)
+    return {"setting": "auto", "source": source, **choice.as_dict()}
+
+
+def _overlap_text(ov: dict[str, Any]) -> str:
+    """``on (auto: <why>)`` or ``off (set in the config)``."""
+    return f"{'on' if ov['on'] else 'off'} ({'auto: ' if ov['setting'] == 'auto' else ''}{ov['reason']})"
 
 
 def _mib(b: float) -> str:
@@ -130,16 +153,18 @@ def _single(args, machine) -> dict[str, Any]:
     net, slots = spec.network, spec.train.optimizer_slots
     ranks, reps, grid = _layout(args, spec)
     batch, tied, dtype = spec.data.batch, spec.train.tied, spec.train.dtype.name
-    kw = dict(dtype=dtype, optimizer_slots=slots, ranks_per_node=args.ranks_per_node, tied=tied,
-              overlap=_overlap(args, spec))
+    kw = dict(dtype=dtype, optimizer_slots=slots, ranks_per_node=args.ranks_per_node, tied=tied)
     stages = _stages(args, net)
+    ov = _overlap(args, spec, net, batch, ranks, grid, reps, machine, stages, kw)
+    kw["overlap"] = ov["on"]
     preds = [predict_step(net, batch, ranks, grid, reps, machine, stage=k, **kw) for k in stages]
     p0 = preds[0]
     print(f"plan: {path}: {net!r}")
     print(f"  {ranks} rank(s) = {reps} replica(s) x grid {p0['grid'][0]}x{p0['grid'][1]}; batch {batch} per replica; "
           f"{dtype}; {'tied' if tied else 'untied'} weights; optimizer {spec.train.optimizer['kind']} "
-          f"({slots} slot(s)); {p0['ranks_per_node']} rank(s) per node; overlap {'on' if p0['overlap'] else 'off'}")
+          f"({slots} slot(s)); {p0['ranks_per_node']} rank(s) per node")
     print(f"  machine {machine['name']} ({machine['kind']}): {machine['source']}")
+    print(f"  overlap {_overlap_text(ov)}")
     print(f"\n  {'layer':<9}{'out shape (H,W,C)':>20}{'params':>15}{'params/rank':>14}{'weights MiB/rank':>18}")
     for lay in p0["layers"]:
         print(f"  {lay['index']:>2} {lay['kind'] + str(lay['stage']):<6}{str(tuple(lay['out_shape'][:3])):>20}"
@@ -189,8 +214,8 @@ def _single(args, machine) -> dict[str, Any]:
                     f"--ranks {fit['ranks']}")
         print("  fewest ranks that fit: " + (f"{fit['ranks']}" if fit else "none") + f" (of {machine['name']})")
         error = (error or "does not fit") + more
-    return {"config": path, "machine": machine, "predictions": preds, "suggestions": sugg, "error": error,
-            "fits_on": fit}
+    return {"config": path, "machine": machine, "overlap": ov, "predictions": preds, "suggestions": sugg,
+            "error": error, "fits_on": fit}
 
 
 def _table(args, machines) -> dict[str, Any]:
@@ -199,9 +224,11 @@ def _table(args, machines) -> dict[str, Any]:
     ranks_list = args.ranks or [1]
     rows = []
     hdr = f"{'config':<22}{'params':>8}{'GPUs':>6}" + "".join(
-        f"  | {m['name'][:12]:<12}{'grid':>6}{'s/step':>9}{'GiB/GPU':>9}{'halo %':>8}      " for m in machines)
+        f"  | {m['name'][:12]:<12}{'grid':>6}{'s/step':>9}{'GiB/GPU':>9}{'halo %':>8}{'overlap':>8}      "
+        for m in machines)
     print("predicted time of one training step of each stage (summed), memory per rank (largest stage), "
-          "share of the step spent in halo exchange; the best model grid of the GPUs, 1 replica unless --replicas")
+          "share of the step spent in halo exchange, overlap (as given, or what auto chooses on that grid: JSON "
+          "says why); the best model grid of the GPUs, 1 replica unless --replicas")
     print(hdr)
     loaded = [(path, _load(path, args.set)) for path in args.config]
     loaded.sort(key=lambda t: sum(lay.params for lay in _counts(t[1].network)))  # smallest network first
@@ -212,18 +239,21 @@ def _table(args, machines) -> dict[str, Any]:
         for ranks in ranks_list:
             line = f"{path.rsplit('/', 1)[-1].removesuffix('.toml'):<22}{_short(params):>8}{ranks:>6}"
             for m in machines:
-                kw = dict(dtype=dtype, optimizer_slots=slots, ranks_per_node=args.ranks_per_node, tied=tied,
-                          overlap=_overlap(args, spec))
+                kw = dict(dtype=dtype, optimizer_slots=slots, ranks_per_node=args.ranks_per_node, tied=tied)
+                setting = _overlap_setting(args, spec)[0]
                 reps = args.replicas or 1
                 if ranks % reps:
                     raise ValueError(f"--ranks {ranks} is not a multiple of --replicas {reps}")
-                best = suggest(net, batch, ranks, m, replicas=reps, stages=_stages(args, net), **kw)[0]
-                row = _table_row(net, batch, ranks, best, m, args, kw)
-                row.update(config=path, params=params)
+                # "auto" decides on the grid that is best without overlap (the grid is chosen first)
+                best = suggest(net, batch, ranks, m, replicas=reps, stages=_stages(args, net),
+                               overlap=setting is True, **kw)[0]
+                ov = _overlap(args, spec, net, batch, ranks, best["grid"], best["replicas"], m, _stages(args, net), kw)
+                row = _table_row(net, batch, ranks, best, m, args, {**kw, "overlap": ov["on"]})
+                row.update(config=path, params=params, overlap=ov)
                 rows.append(row)
                 line += (f"  | {'':<12}{'%dx%d' % tuple(best['grid']):>6}{row['seconds']:>9.3f}"
                          f"{row['memory_bytes'] / 2**30:>9.2f}{100 * row['halo_share']:>7.1f}%"
-                         + ("" if row["fits"] else " NOFIT").ljust(6))
+                         f"{'on' if ov['on'] else 'off':>8}" + ("" if row["fits"] else " NOFIT").ljust(6))
             print(line + _paper_note(params, ranks))
     print("NOFIT: does not fit in device memory.  GPU efficiencies are assumptions (nothing has run on a GPU yet).")
     print(PAPER)

@@ -36,11 +36,12 @@ class DataSpec:
 
 @dataclass(frozen=True)
 class ParallelSpec:
-    """``[parallel]``: replicas x model grid (None: chosen for the image), and overlap."""
+    """``[parallel]``: replicas x model grid (None: chosen for the image), and overlap (True, False or
+    "auto": decided by the run planner, :func:`cotsdl.planner.overlap.choose_overlap`)."""
 
     replicas: int
     grid: tuple[int, int] | None
-    overlap: bool
+    overlap: bool | str
 
     def error(self, ranks: int, source: str) -> str | None:
         """Why this layout does not fit ``ranks`` ranks (None: it does)."""

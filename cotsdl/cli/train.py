@@ -278,7 +278,9 @@ def _train_on(spec, data, meta, backend_name, guard, comm, t_start, log, say, co
             tr = GreedyTrainer.resume(str(ckdir), data, tc.make_optimizer(), comm=comm, batch=dc.batch,
                                       replicas=pc.replicas, grid=grid, lam=tc.lam, filter_norm=tc.filter_norm,
                                       changes_from="config", **common)
-        say(f"grid {tr.decomposition.grid.dims[0]}x{tr.decomposition.grid.dims[1]} x {tr.replicas} replica(s)")
+        say(f"grid {tr.decomposition.grid.dims[0]}x{tr.decomposition.grid.dims[1]} x {tr.replicas} replica(s); "
+            f"overlap {'on' if tr.plan.overlap else 'off'} "
+            + (f"(auto: {tr.overlap_reason})" if tr.overlap_reason else "(set in the config)"))
         tr.train(steps)
     except TrainingInterrupted as e:
         sig = comm.allreduce(guard.received or 0, op=MPI.MAX)

@@ -168,6 +168,13 @@ def load_machine(name_or_path: str | Path | dict) -> dict[str, Any]:
     return validate_machine(data, str(path))
 
 
+def default_machine() -> dict[str, Any] | None:
+    """The machine a command uses when not told: this machine's calibration (``./machine.json``),
+    else None (``cotsdl plan`` then takes the ``gtx680-fdr`` preset; ``parallel.overlap = "auto"``
+    its rule without a model)."""
+    return load_machine("this") if Path(THIS_FILE).is_file() else None
+
+
 def default_ranks_per_node(machine: dict[str, Any], ranks: int) -> int:
     """Ranks on one node when not told: one per GPU, or one per core on a CPU node (at most ``ranks``)."""
     dev = machine["device"]
@@ -204,8 +211,12 @@ def op_seconds(machine: dict[str, Any], share: dict[str, float], op: str, flops:
     if flops <= 0 and nbytes <= 0:
         return 0.0
     roof = max(flops / share["flops"], nbytes / share["bandwidth"])
-    call = (machine.get("overhead_by_op_s") or {}).get(op, machine["overhead_s"])
-    return roof / efficiency(machine, share, op) + calls * call
+    return roof / efficiency(machine, share, op) + calls * call_seconds(machine, op)
+
+
+def call_seconds(machine: dict[str, Any], op: str) -> float:
+    """The fixed cost of one call of ``op``: its calibrated ``overhead_by_op_s``, else ``overhead_s``."""
+    return (machine.get("overhead_by_op_s") or {}).get(op, machine["overhead_s"])
 
 
 def message_seconds(machine: dict[str, Any], messages: float, nbytes: float) -> float:

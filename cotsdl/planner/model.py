@@ -15,7 +15,7 @@ import numpy as np
 
 from ..array.messages import transfers
 from ..array.partition import grid_coords
-from ..nn.layout import layout
+from ..nn.layout import layout, split_sites
 from ..nn.network import Network
 
 def optimizer_slots(opt: dict[str, Any]) -> int:
@@ -47,6 +47,9 @@ class LayerCounts:
     local: np.ndarray  # bytes copied from the rank's own block into its window
     msgs_sent: np.ndarray
     msgs_received: np.ndarray
+    #: border strips the forward computes after its halos arrive, with overlap (0: the layer is not
+    #: split on that rank -- no halo, no interior, or an LCN -- and overlap changes nothing there)
+    strips: np.ndarray
     name: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -70,7 +73,7 @@ def layer_counts(network: Network, batch: int, dims: Sequence[int], itemsize: in
         units = math.prod(layer.sites(first.in_shape))
         whole = layer.cost(first.in_shape, itemsize)
         arr = lambda: np.zeros(G)  # noqa: E731
-        sent, recv, local, ms, mr = arr(), arr(), arr(), arr(), arr()
+        sent, recv, local, ms, mr, strips = arr(), arr(), arr(), arr(), arr(), arr()
         passes = {p: (arr(), arr()) for p in whole}
         prank = arr()
         wshape = layer.weight_shape(first.in_shape) if layer.kind == "filter" else None
@@ -81,6 +84,9 @@ def layer_counts(network: Network, batch: int, dims: Sequence[int], itemsize: in
             local[r] = sum(t.box.size for t in s if t.peer == r) * itemsize
             ms[r], mr[r] = sum(t.peer != r for t in s), sum(t.peer != r for t in rc)
             lb = rows[r][li]
+            if layer.kind in ("filter", "pool") and mr[r]:  # as NetworkPlan splits a layer
+                inner, rest = split_sites(layer, lb.in_shape, lb.sites, owned[r] & windows[r])
+                strips[r] = 0 if inner.is_empty else len(rest)
             if lb.out.is_empty:
                 continue
             share = lb.sites.size / units
@@ -92,7 +98,7 @@ def layer_counts(network: Network, batch: int, dims: Sequence[int], itemsize: in
         out.append(LayerCounts(li, network.stage_of(li), layer.kind, layer, first.in_shape, first.out_shape,
                                math.prod(wshape) if wshape else 0, prank, passes,
                                np.array([b.size for b in owned], float), np.array([b.size for b in windows], float),
-                               np.array([r[li].out.size for r in rows], float), sent, recv, local, ms, mr))
+                               np.array([r[li].out.size for r in rows], float), sent, recv, local, ms, mr, strips))
     return out
 
 
@@ -112,6 +118,9 @@ class Op:
     msgs_received: np.ndarray | float = 0.0
     group: int = 1  # allreduce: ranks taking part
     label: str = ""
+    #: compute: the indices (in the step's ops) of the exchanges whose messages travel while this runs,
+    #: with overlap (a split forward after its own exchange; the objective's ``meanwhile`` work)
+    hides: tuple[int, ...] = ()
 
 
 def step_ops(network: Network, counts: list[LayerCounts], stage: int, batch: int, replicas: int, itemsize: int,
@@ -124,17 +133,18 @@ def step_ops(network: Network, counts: list[LayerCounts], stage: int, batch: int
     G = len(counts[0].sent)
     ops: list[Op] = []
 
-    def ex(li: int, direction: str, label: str) -> None:
+    def ex(li: int, direction: str, label: str) -> int:
         c = counts[li]
         s, r = (c.sent, c.received) if direction == "forward" else (c.received, c.sent)
         ms, mr = (c.msgs_sent, c.msgs_received) if direction == "forward" else (c.msgs_received, c.msgs_sent)
         ops.append(Op("exchange", direction, li, sent=s, received=r, local=c.local, msgs_sent=ms, msgs_received=mr,
                       label=label))
+        return len(ops) - 1
 
-    def comp(li: int, pas: str, label: str) -> None:
+    def comp(li: int, pas: str, label: str, *hides: int) -> None:
         c = counts[li]
         fl, by = c.passes[pas]
-        ops.append(Op("compute", f"{c.kind}_{pas}", li, flops=fl, bytes=by, label=label))
+        ops.append(Op("compute", f"{c.kind}_{pas}", li, flops=fl, bytes=by, label=label, hides=hides))
 
     def elementwise(elems: np.ndarray, passes: float, label: str, li: int | None = None) -> None:
         # one FLOP per element per pass, each pass reading or writing every element once
@@ -148,28 +158,24 @@ def step_ops(network: Network, counts: list[LayerCounts], stage: int, batch: int
     reduce(G * replicas, 8, "reading check")
     # (1) the frozen stages below: forward only
     for li in range(f):
-        ex(li, "forward", "stage input: exchange")
-        comp(li, "forward", "stage input: forward")
+        comp(li, "forward", "stage input: forward", ex(li, "forward", "stage input: exchange"))
         if counts[li].kind == "lcn":
             reduce(G, batch * itemsize, "LCN per-image mean")
     # (2) the objective
-    ex(f, "forward", "encoder: exchange x")
-    comp(f, "forward", "encoder h = F(x)")
+    comp(f, "forward", "encoder h = F(x)", ex(f, "forward", "encoder: exchange x"))
     comp(f, "backward_data", "decoder x_hat = F^T(h)")
-    ex(f, "adjoint", "decoder: sum into owners")
-    ex(p, "forward", "pool: exchange h")
-    comp(p, "forward", "pool P(h)")
+    decoder_sums = ex(f, "adjoint", "decoder: sum into owners")
+    comp(p, "forward", "pool P(h)", ex(p, "forward", "pool: exchange h"), decoder_sums)  # while the sums travel
     reduce(G, 2 * 8, "loss terms")
     x_own, h_own = counts[f].src_elems, counts[f].out_elems
     elementwise(x_own, 6, "r = x_hat - x, |r|^2, dx_hat", f)
-    ex(f, "forward", "decoder transpose: exchange dx_hat")
-    comp(f, "forward", "decoder transpose F(dx_hat)")
+    comp(f, "forward", "decoder transpose F(dx_hat)", ex(f, "forward", "decoder transpose: exchange dx_hat"))
     elementwise(counts[p].out_elems, 1, "dP = lam / N", p)
     comp(p, "backward", "pool backward")
-    ex(p, "adjoint", "pool backward: sum into owners")
+    sparsity_sums = ex(p, "adjoint", "pool backward: sum into owners")
     elementwise(h_own, 3, "dh += P^T(lam / N)", f)
     comp(f, "backward_weights", "dW encoder")
-    comp(f, "backward_weights", "dW decoder")
+    comp(f, "backward_weights", "dW decoder", sparsity_sums)  # (it runs while those sums travel)
     w = counts[f].params_rank
     copies = 1 if tied else 2
     if tied:

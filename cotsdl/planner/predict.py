@@ -11,8 +11,18 @@ operations of the slowest rank's time for each (a bulk-synchronous bound):
 - small allreduce over n ranks: ``ceil(log2 n) * (alpha + bytes * beta)`` (recursive doubling);
   the replicas' gradient allreduce: a ring, ``2 (n-1) alpha + 2 (n-1)/n * bytes * beta``.
 
-With ``overlap`` an exchange into a window and the computation that follows it count as
-the larger of the two (the interior is computed while halos travel), a lower bound.
+With ``overlap`` an exchange's wire time (``alpha * messages + beta * bytes``) hides behind
+the computation that runs while its messages travel (``Op.hides``), the two counting as
+the larger on each rank: a forward exchange behind its layer's interior, on the ranks
+where ``NetworkPlan`` splits the layer (halos arrive and the interior is not empty:
+``LayerCounts.strips``), which then pays one more call per border strip; the decoder's
+and the pool's sums behind the objective's ``meanwhile`` work.  Packing, unpacking and
+the local copy are the rank's own memory traffic and stay.  The exchanges and the
+computation shorten by what that saves the slowest rank of the two together (ranks that
+only send gain nothing); where no messages travel overlap changes nothing.  A bound: the
+wire time hides only where MPI moves the messages while the rank computes.
+:func:`cotsdl.planner.overlap.choose_overlap` turns the two predictions into
+``parallel.overlap = "auto"``'s decision.
 """
 from __future__ import annotations
 
@@ -23,7 +33,7 @@ import numpy as np
 
 from ..array.partition import _divisor_pairs
 from ..nn.network import Network
-from .machine import default_ranks_per_node, message_seconds, op_seconds, rank_share
+from .machine import call_seconds, default_ranks_per_node, message_seconds, op_seconds, rank_share
 from .model import Op, layer_counts, memory, step_ops
 
 _COUNTS_CACHE: dict[tuple, list] = {}
@@ -54,6 +64,39 @@ def _op_seconds(op: Op, machine: dict[str, Any], share: dict[str, float]) -> np.
     if op.label == "gradient over replicas":  # large: ring allreduce
         return 2 * (n - 1) * machine["link"]["alpha_s"] + 2 * (n - 1) / n * nbytes * machine["link"]["beta_s_per_byte"]
     return math.ceil(math.log2(n)) * message_seconds(machine, 1, nbytes)
+
+
+def _overlapped(ops: list[Op], per_rank: list[np.ndarray], times: list[float], counts: list,
+                machine: dict[str, Any]) -> list[float]:
+    """The op times with overlap.  Each computation that runs while messages travel (``Op.hides``)
+    and those exchanges form a phase; on each rank the phase loses the wire time hidden (the two
+    count as the larger) and gains a call per border strip of a split forward.  The phase then
+    takes the slowest rank's time less the gain: the exchanges lose it (in proportion), or the
+    computation pays the loss."""
+    out = list(times)
+    for j, comp in enumerate(ops):
+        if not comp.hides:
+            continue
+        exch = sum(per_rank[i] for i in comp.hides)
+        before = exch + per_rank[j]
+        work = per_rank[j]
+        for i in comp.hides:
+            ex = ops[i]
+            wire = message_seconds(machine, np.maximum(ex.msgs_sent, ex.msgs_received),
+                                   np.maximum(ex.sent, ex.received))
+            # a forward overlaps where NetworkPlan splits the layer; the objective's meanwhile work always
+            strips = counts[ex.layer].strips if ex.what == "forward" else 0.0
+            where = strips > 0 if ex.what == "forward" else True
+            exch = np.where(where, exch - wire, exch)
+            work = np.where(where, np.maximum(work, wire) + strips * call_seconds(machine, comp.what), work)
+        gain = float(np.max(before) - np.max(exch + work))
+        exchanges = sum(out[i] for i in comp.hides)
+        if gain > 0 and exchanges > 0:  # gain <= the wire time <= the exchanges' time
+            for i in comp.hides:
+                out[i] *= max(0.0, 1 - gain / exchanges)
+        elif gain < 0:
+            out[j] -= gain
+    return out
 
 
 def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] | None, replicas: int,
@@ -96,11 +139,10 @@ def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] |
     share = rank_share(machine, rpn)
     counts = counts_for(network, batch, dims, itemsize)
     ops = step_ops(network, counts, stage, batch, replicas, itemsize, optimizer_slots, tied)
-    times = [np.max(_op_seconds(op, machine, share)) for op in ops]
-    if overlap:  # an exchange into a window hides behind the forward computation that follows it
-        for i in range(len(ops) - 1):
-            if ops[i].kind == "exchange" and ops[i].what == "forward" and ops[i + 1].kind == "compute":
-                times[i], times[i + 1] = 0.0, max(times[i], times[i + 1])
+    per_rank = [np.broadcast_to(_op_seconds(op, machine, share), (len(counts[0].sent),)) for op in ops]
+    times = [float(np.max(t)) for t in per_rank]
+    if overlap:
+        times = _overlapped(ops, per_rank, times, counts, machine)
     tot = {k: float(sum(t for t, op in zip(times, ops) if op.kind == k)) for k in ("compute", "exchange", "reduce")}
     mem = memory(network, counts, stage, itemsize, optimizer_slots, tied)
     worst = int(np.argmax(mem["total"]))

@@ -83,8 +83,11 @@ class GreedyTrainer:
         a JSON line to ``metrics_file``.
     max_bad_steps : int
         Consecutive non-finite steps (skipped) after which training stops.
-    overlap : bool
+    overlap : bool or "auto"
         Hide halo traffic behind computation (same results bit for bit; see ``NetworkPlan``).
+        ``"auto"``: where the run planner predicts a gain on this machine (its calibration
+        ``./machine.json``, else a rule: on where halos exist), decided once on rank 0 for
+        this grid (:func:`cotsdl.planner.overlap.choose_overlap`); ``overlap_reason`` says why.
     filter_norm : float, "auto", sequence of them (or None), or None
         Keep every unit's filter (encoder, and decoder when untied) at this L2 norm:
         initialized at it and projected back after every update (as reconstruction
@@ -106,7 +109,7 @@ class GreedyTrainer:
                  seed: int = 0, dtype: Any = np.float32, checkpoint_dir: str | None = None,
                  checkpoint_every: int = 0, keep: int = 3, log_every: int = 10, metrics_file: str | None = None,
                  max_bad_steps: int = 5, log=sys.stdout, should_stop: Callable[[], bool] | None = None,
-                 overwrite: bool = False, overlap: bool = True,
+                 overwrite: bool = False, overlap: bool | str = True,
                  filter_norm: float | Sequence[float | None] | None = None):
         tune_allocator()  # scripts train as fast as the command: freed arrays reused, no page faults per step
         err = None
@@ -121,6 +124,8 @@ class GreedyTrainer:
             err = f"lam must be >= 0, got {lam!r}"
         elif norm_err:
             err = norm_err
+        elif not (isinstance(overlap, (bool, np.bool_)) or (isinstance(overlap, str) and overlap == "auto")):
+            err = f'overlap must be True, False or "auto", got {overlap!r}'
         elif bad := next((f"{k} must be an integer >= {lo}, got {v!r}" for k, v, lo in (
                 ("checkpoint_every", checkpoint_every, 0), ("keep", keep, 1), ("log_every", log_every, 0),
                 ("max_bad_steps", max_bad_steps, 1), ("seed", seed, 0))
@@ -141,7 +146,8 @@ class GreedyTrainer:
         agree(comm, network=network.describe(), batch=int(batch), replicas=replicas,
               grid=None if grid is None else [int(v) for v in grid], lam=float(lam), tied=bool(tied), seed=int(seed),
               dtype=np.dtype(dtype).name, checkpoint_dir=checkpoint_dir, checkpoint_every=int(checkpoint_every),
-              keep=int(keep), max_bad_steps=int(max_bad_steps), overwrite=bool(overwrite), overlap=bool(overlap),
+              keep=int(keep), max_bad_steps=int(max_bad_steps), overwrite=bool(overwrite),
+              overlap=overlap if isinstance(overlap, str) else bool(overlap),
               filter_norm=norms, optimizer=(type(optimizer).__name__, schedules_describe(optimizer.schedule), optimizer.hyper()),
               data=(tuple(data.image_shape), len(data) if hasattr(data, "__len__") else None,
                     getattr(data, "seed", None)))
@@ -151,7 +157,12 @@ class GreedyTrainer:
                                if comm.Get_rank() == 0 else None, OSError)
         self.world, self.network, self.data = comm, network, data
         self.decomposition = split_replicas(comm, replicas, grid, extent=network.input_shape[:2])
-        self.plan = NetworkPlan(network, self.decomposition.grid, int(batch), dtype, overlap=overlap)
+        #: why ``overlap="auto"`` chose what it did (None: overlap was given)
+        self.overlap_reason: str | None = None
+        if isinstance(overlap, str):
+            choice = self._auto_overlap(network, int(batch), replicas, np.dtype(dtype), tied, len(optimizer.slots))
+            overlap, self.overlap_reason = choice.on, choice.reason
+        self.plan = NetworkPlan(network, self.decomposition.grid, int(batch), dtype, overlap=bool(overlap))
         self.batch, self.replicas, self.lam, self.tied, self.seed = int(batch), int(replicas), float(lam), tied, int(seed)
         # With the cuda backend the weights, the optimizer state and the images live on the GPU.
         self.xp = backend.xp()
@@ -170,6 +181,26 @@ class GreedyTrainer:
         self.stage_stats: dict[int, dict[str, float]] = {}
         self._w0: tuple[int, Any] | None = None  # (stage, this rank's initial weights of it)
         self.should_stop = should_stop
+
+    def _auto_overlap(self, network: Network, batch: int, replicas: int, dtype: np.dtype, tied: bool, slots: int):
+        """``overlap="auto"`` on this grid: decided on rank 0 (its machine file, as ``cotsdl plan`` reads
+        it) and broadcast, so that every rank overlaps alike (collective)."""
+        from ..array.grid import node_local_size  # noqa: PLC0415
+        from ..planner.overlap import choose_overlap, model_machine  # noqa: PLC0415 - only for "auto"
+
+        per_node = node_local_size(self.world)  # (collective) ranks sharing a node share its cores
+        choice, err = None, None
+        if self.world.Get_rank() == 0:
+            try:
+                machine, why = model_machine()
+                choice = choose_overlap(network, batch, self.world.Get_size(), self.decomposition.grid.dims, replicas,
+                                        machine, dtype=dtype.name, optimizer_slots=slots, ranks_per_node=per_node,
+                                        tied=bool(tied), no_machine=why)
+            except Exception as e:  # noqa: BLE001 - reported on every rank below
+                err = (f'overlap = "auto": the run planner failed ({type(e).__name__}: {e}); give overlap=True or '
+                       'False (parallel.overlap = true or false)')
+        raise_collectively(self.world, err, RuntimeError)
+        return self.world.bcast(choice, root=0)
 
     @staticmethod
     def _checkpoint_bytes(network: Network, optimizer: Optimizer, dtype: np.dtype, tied: bool) -> int:

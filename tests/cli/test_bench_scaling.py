@@ -34,7 +34,16 @@ def test_scaling_measures_every_rank_count_and_both_overlaps(cfg, tmp_path):
     for m in data["results"]:
         assert m["step_s"] > 0 and m["images_per_s"] > 0 and 0 <= m["exchange_s"] <= m["step_s"] * 1.5
         assert m["efficiency"] > 0 and m["compute_s"] >= 0
+        # what "auto" chooses for the setting, and its measured step vs the faster of on and off
+        auto = m["auto"]
+        assert isinstance(auto["overlap"], bool) and auto["reason"] and auto["vs_best"] >= 0
+        same = {o["overlap"]: o["step_s"] for o in data["results"] if o["grid"] == m["grid"]
+                and (o["ranks"], o["replicas"]) == (m["ranks"], m["replicas"])}
+        assert auto["vs_best"] == pytest.approx(same[auto["overlap"]] / min(same.values()) - 1)
+        if m["ranks"] // m["replicas"] == 1:
+            assert auto["overlap"] is False and "no halo to hide" in auto["reason"]
     assert "images/s" in res.stdout and res.stdout.count("\n") >= 6
+    assert "  1 rank(s), 1 replica(s) x grid 1x1: off: 1 rank, no halo to hide" in res.stdout
 
 
 @pytest.mark.parametrize("args, message", [
@@ -60,5 +69,10 @@ def test_the_planner_prediction_is_printed_beside_the_measurement(cfg, tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     (m,) = json.loads(out.read_text())["results"]
     assert m["predicted_s"] > 0 and m["ratio"] == pytest.approx(m["predicted_s"] / m["step_s"])
+    auto = bench(str(cfg), "--steps", "1", "--warmup", "0", "--overlap", "auto", "--json", str(out), ranks=1)
+    assert auto.returncode == 0, auto.stderr[-3000:]
+    (m,) = json.loads(out.read_text())["results"]  # only what auto chooses is measured
+    assert m["overlap"] is False and m["auto"] == {"overlap": False, "reason": "1 rank, no halo to hide",
+                                                   "vs_best": None}
     bad = bench(str(cfg), "--machine", "k80", ranks=2)
     assert bad.returncode == 2 and "k80" in bad.stderr and bad.stderr.count("cotsdl: error") == 1

@@ -25,7 +25,16 @@ def test_defaults_are_filled_in():
     assert cfg["train"]["schedule"]["start_factor"] == 0.0 and cfg["train"]["schedule"]["min_lr"] == 0.0
     bare = config.load(DEMO, ["train.schedule={}"])  # no schedule given: a constant learning rate
     assert bare["train"]["schedule"] == {"kind": "constant", "warmup_steps": 0, "start_factor": 0.0}
-    assert cfg["parallel"] == {"replicas": 1, "grid": "auto", "overlap": True}
+    assert cfg["parallel"] == {"replicas": 1, "grid": "auto", "overlap": "auto"}
+
+
+@pytest.mark.parametrize("text, value", [('"auto"', "auto"), ("true", True), ("false", False)])
+def test_overlap_is_auto_true_or_false(text, value, tmp_path):
+    assert config.load(DEMO, [f"parallel.overlap={text}"])["parallel"]["overlap"] == value
+    path = tmp_path / "c.toml"
+    path.write_text(DEMO.read_text().replace("[parallel]", f"[parallel]\noverlap = {text}", 1))
+    assert config.load(path)["parallel"]["overlap"] == value
+    assert config.load(DEMO, ["parallel.overlap=auto"])["parallel"]["overlap"] == "auto"  # a bare word: a string
 
 
 def test_set_overrides_any_key():
@@ -60,6 +69,8 @@ def test_set_overrides_any_key():
     ("data.preprocess=whiten", 'data.preprocess = "whiten": must be one of "standardize", "center", "none"'),
     ("data.batch=0", "data.batch = 0: must be an integer >= 1"),
     ("parallel.grid=[2]", 'parallel.grid = [2]: must be one of "auto" or a list of 2 integers >= 1'),
+    ("parallel.overlap=sometimes", 'parallel.overlap = "sometimes": must be one of "auto" or true or false'),
+    ("parallel.overlap=1", "parallel.overlap = 1: must be one of \"auto\" or true or false"),
     ("parallel.replica=2", "unknown key parallel.replica; did you mean 'replicas'?"),
     ("trian.steps=3", "unknown key trian; did you mean 'train'?"),
     ("network.stages[5].filter.channels=2", "network.stages[5].filter.channels has no element [5]"),

@@ -61,17 +61,23 @@ def weights(run, step):
 def test_train_resume_complete(setup):
     tmp, make = setup
     cfg = make(steps=5, every=4)
-    res = cotsdl("train", str(cfg))
+    res = cotsdl("train", str(cfg), cwd=tmp)  # (no machine.json there: "auto" decides by its rule)
     assert res.returncode == 0, res.stderr
     run = tmp / "run"
     assert {p.name for p in run.iterdir()} >= {"config.toml", "checkpoints", "metrics.jsonl", "log.txt", "summary.json"}
     assert res.stdout.count("done: 2 stage(s)") == 1  # rank 0 reports, once
-    assert "stage 1: loss" in (run / "log.txt").read_text()
+    log = (run / "log.txt").read_text()
+    assert "stage 1: loss" in log
+    said = next(line for line in log.splitlines() if line.startswith("grid 2x1 x 1 replica(s); overlap "))
+    assert said.startswith("grid 2x1 x 1 replica(s); overlap on (auto: 4 layer(s) exchange halos on grid 2x1; "
+                           "no ./machine.json") and "on where halos exist" in said, said
     again = cotsdl("train", str(cfg))
     assert again.returncode == 0 and "is already complete" in again.stdout
-    longer = cotsdl("train", str(cfg), "--set", "train.steps=[5, 8]")
+    longer = cotsdl("train", str(cfg), "--set", "train.steps=[5, 8]", "--set", "parallel.overlap=false")
     assert longer.returncode == 0, longer.stderr
     assert "resumed from" in longer.stdout and longer.stdout.count("train.steps: [5, 5] -> [5, 8]") == 1
+    assert longer.stdout.count('parallel.overlap: "auto" -> false') == 1
+    assert longer.stdout.count("overlap off (set in the config)") == 1
     changed = cotsdl("train", str(cfg), "--set", "network.stages[1].filter.channels=4", "--set", "train.steps=[5, 9]")
     assert changed.returncode == 2
     assert changed.stderr.count("the config's model differs") == 1
@@ -310,6 +316,7 @@ def test_input_lcn_is_the_same_on_one_and_two_ranks(setup):
     assert np.allclose(losses[0], losses[1], rtol=1e-4)  # each rank's window of the whole-image LCN
     plain = cotsdl("train", str(make(name="plain.toml", run=tmp / "plain", steps=3, every=0)), ranks=1)
     assert plain.returncode == 0
+    assert "overlap off (auto: 1 rank, no halo to hide)" in (tmp / "plain" / "log.txt").read_text()
     recs = [json.loads(line) for line in (tmp / "plain" / "metrics.jsonl").read_text().splitlines()]
     assert not np.isclose(recs[0]["loss"], losses[0][0], rtol=1e-3)  # it did change what the network sees
 

@@ -1,4 +1,4 @@
-"""The planner's halo bytes and message counts per rank equal what the real NetworkPlan's exchanges report.
+"""The planner's halo bytes, message counts and overlap strips per rank equal what the real NetworkPlan has.
 
 Run: mpiexec -n P python -m mpi4py tests/mpi_pytest.py tests/mpi -k planner  (P = 1..4)
 """
@@ -37,6 +37,7 @@ def test_planner_counts_equal_the_plan(comm, dims, dtype, make):
         want = (ex.bytes_sent, ex.bytes_received, ex.messages_sent, ex.messages_received, ex.bytes_local)
         assert got == want, f"layer {lp.index} ({lp.layer.kind}) on rank {r} of grid {dims}"
         assert c.window_elems[r] == lp.window.size and c.out_elems[r] == lp.out.size
+        assert c.strips[r] == (len(lp.split[1]) if lp.split else 0)  # where overlap splits the layer
         if lp.layer.kind == "filter":
             assert c.params_rank[r] == real.init_params(0)[lp.index].size
     grid.free()

@@ -34,6 +34,32 @@ def test_plan_prints_layers_stages_and_a_suggestion(tmp_path):
     assert data["suggestions"][0]["images_per_s"] == max(s["images_per_s"] for s in data["suggestions"])
 
 
+def test_plan_says_which_overlap_and_why(tmp_path):
+    out = tmp_path / "plan.json"
+    one = plan(DEMO, "--json", str(out))  # the config's "auto" on 1 rank
+    assert one.returncode == 0, one.stderr
+    assert "  overlap off (auto: 1 rank, no halo to hide)\n" in one.stdout
+    ov = json.loads(out.read_text())["overlap"]
+    assert ov == {"setting": "auto", "source": "the config", "on": False, "reason": "1 rank, no halo to hide",
+                  "seconds_on": None, "seconds_off": None}
+    four = plan(DEMO, "--ranks", "4", "--grid", "2", "2", "--machine", "gtx680-fdr", "--json", str(out))
+    assert four.returncode == 0, four.stderr
+    data = json.loads(out.read_text())
+    ov = data["overlap"]
+    assert ov["seconds_on"] > 0 and ov["seconds_off"] > 0 and "machine gtx680-fdr" in ov["reason"]
+    assert f"  overlap {'on' if ov['on'] else 'off'} (auto: {ov['reason']})\n" in four.stdout
+    assert all(p["overlap"] == ov["on"] for p in data["predictions"])  # the predictions use the choice
+    given = plan(DEMO, "--ranks", "4", "--overlap", "on")
+    assert given.returncode == 0 and "  overlap on (--overlap on)\n" in given.stdout
+    config = plan(DEMO, "--ranks", "4", "--set", "parallel.overlap=false")
+    assert config.returncode == 0 and "  overlap off (set in the config)\n" in config.stdout
+    table = plan("--table", DEMO, "--ranks", "1", "4", "--machine", "gtx680-fdr", "--json", str(out))
+    assert table.returncode == 0, table.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert rows[0]["overlap"]["on"] is False and rows[0]["overlap"]["reason"] == "1 rank, no halo to hide"
+    assert rows[1]["overlap"]["setting"] == "auto" and rows[1]["overlap"]["seconds_on"] > 0
+
+
 def test_memory_refusal_names_the_layer_and_the_bytes(tmp_path):
     out = tmp_path / "plan.json"
     res = plan(str(ROOT / "jobs/configs/paper-11.2b.toml"), "--ranks", "4", "--stage", "0",

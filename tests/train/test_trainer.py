@@ -158,6 +158,16 @@ def small_trainer(tmp_path=None, batch=4, opt=None, data=None, **kw):
                          checkpoint_dir=None if tmp_path is None else str(tmp_path), log=open(os.devnull, "w"), **kw)
 
 
+def test_overlap_true_false_or_auto():
+    auto = small_trainer(overlap="auto")
+    assert auto.plan.overlap is False and auto.overlap_reason == "1 rank, no halo to hide"
+    for given in (True, False):
+        tr = small_trainer(overlap=given)
+        assert tr.plan.overlap is given and tr.overlap_reason is None
+    with pytest.raises(ValueError, match='overlap must be True, False or "auto", got \'sometimes\''):
+        small_trainer(overlap="sometimes")
+
+
 def test_resuming_an_older_checkpoint_makes_its_successors_the_latest(tmp_path):
     from cotsdl.io import checkpoint
 

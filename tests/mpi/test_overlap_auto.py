@@ -1,0 +1,40 @@
+"""``GreedyTrainer(overlap="auto")`` decides on rank 0 and every rank overlaps alike.
+
+Run: mpiexec -n P python -m mpi4py tests/mpi_pytest.py tests/mpi -k overlap_auto  (P = 1..4)
+"""
+import json
+import os
+import tempfile
+
+import numpy as np
+
+from cotsdl.nn import Network
+from cotsdl.planner import PRESETS
+from cotsdl.train import GreedyTrainer, InMemorySource, Momentum
+from helpers import P, all_same
+
+DESC = {"input": [14, 13, 1], "stages": [
+    {"filter": {"size": [4, 4], "stride": [1, 1], "channels": 3}, "pool": {"size": [2, 2], "stride": [2, 2], "eps": 0.01},
+     "lcn": {"size": 3, "sigma": 1.0, "eps": 1e-3}}]}
+#: messages free and every call 10 ms: the model says overlap's strips cost more than it hides
+CALLS_COST = {**PRESETS["gtx680-fdr"], "name": "calls-cost", "overhead_s": 1e-2,
+              "link": {"alpha_s": 1e-9, "beta_s_per_byte": 1e-15}}
+
+
+def test_rank_0s_decision_holds_on_every_rank(comm, monkeypatch):
+    """Only rank 0 has a machine file (off); the others alone would follow the rule (on where halos exist)."""
+    here = tempfile.mkdtemp(prefix=f"cotsdl-overlap-{comm.Get_rank()}-")
+    if comm.Get_rank() == 0:
+        with open(os.path.join(here, "machine.json"), "w") as f:
+            json.dump(CALLS_COST, f)
+    monkeypatch.chdir(here)
+    imgs = np.random.default_rng(0).standard_normal((8, 14, 13, 1))
+    tr = GreedyTrainer(Network.from_description(DESC), InMemorySource(imgs), Momentum(0.01), comm=comm, batch=2,
+                       grid=(P, 1), log_every=0, overlap="auto")
+    assert all_same(comm, (tr.plan.overlap, tr.overlap_reason))
+    assert tr.plan.overlap is False
+    if P == 1:
+        assert tr.overlap_reason == "1 rank, no halo to hide"
+    else:
+        assert "extra calls" in tr.overlap_reason and "machine calls-cost" in tr.overlap_reason
+    tr.decomposition.free()
