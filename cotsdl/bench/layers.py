@@ -32,7 +32,9 @@ from .. import backend, ops
 from ..array.rfmap import sites
 from ..ops import costs
 from ..ops.cpu.parallel import chunk_bounds, run_ranges, single_threaded_blas
-from .peers import LCN, POOL, _agree, peer_callables, peers_importable  # noqa: F401 - _agree: tests use it here
+from ..train.objective import sparse_ae_loss
+from .peers import LCN, POOL, TRAIN_LAM, _agree, peer_callables, peers_importable  # noqa: F401 - _agree: tests
+
 
 
 @dataclass(frozen=True)
@@ -249,6 +251,10 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
             "lcn_forward": (lambda: ops.lcn(y, **LCN), lc["forward"]),
             "lcn_backward": (lambda: ops.lcn_backward(dy, y, **LCN), lc["backward"]),
         }
+        if backend_name == "numpy":  # a whole step of the stage's autoencoder: 5 filter passes and the pool
+            runs["train_step"] = (lambda: sparse_ae_loss(x, w, stride=stride, block=sh.block, pool_size=POOL["size"],
+                                                         pool_stride=POOL["stride"], lam=TRAIN_LAM, eps=POOL["eps"]),
+                                  costs.Cost(5 * fc["forward"].flops, 0.0))
         row: dict[str, Any] = {"shape": sh.name, "H": sh.H, "W": sh.H, "C": sh.C, "r": sh.r, "s": sh.s, "K": sh.K,
                                "N": sh.N, "block": list(sh.block), "ops": {}}
         found = peer_callables(sh, {"x": x, "w": w, "dy": dy, "y": y, "p": p, "dp": dp},
@@ -290,7 +296,7 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
             if alone:
                 mm = (f"{rec['matmul_alone_fraction_of_sgemm']:7.2f} {rec['fraction_of_matmul_alone']:6.2f} "
                       if "matmul_alone_seconds" in rec else f"{'':7} {'':6} ")
-            gbs = f"{rec['GBps']:8.2f}" if not name.startswith("filter") else f"{'':8}"
+            gbs = f"{rec['GBps']:8.2f}" if not name.startswith(("filter", "train")) else f"{'':8}"
             say(f"{sh.name:9} {name:18} {t * 1e3:9.3f} {rec['GFLOPs']:9.1f} {frac} {mm}{gbs}" + "".join(cells))
             row["ops"][name] = rec
         out["results"].append(row)

@@ -23,6 +23,7 @@ from ..ops.lcn import gaussian as _gaussian
 
 POOL = dict(size=(2, 2), stride=(1, 1), eps=0.01)
 LCN = dict(size=5, sigma=1.0, eps=1e-4)
+TRAIN_LAM = 0.1  # the sparsity weight of the benchmarked training step
 
 
 def quiet_idle_threads() -> None:
@@ -126,19 +127,46 @@ def _torch_formulations(sh: Any, data: dict[str, np.ndarray]) -> tuple[dict[str,
         dv = g / d + (2.0 / Cy) * v * smooth_t(du)
         return dv - smooth_t(dv.sum(1, keepdim=True)) / Cy
 
+    # One training step of the stage's sparse autoencoder (tied weights; objective.py):
+    # J = (||F^T F x - x||^2 + lam * sum P(F x)) / N and dJ/dw, by autograd.
+    bh, bw = sh.block
+    K = M // (bh * bw)
+    N = x.shape[3]
+
+    def loss(xt, wt):
+        hs = fwd(xt, wt)  # (S, N, M)
+        xhat = bwd_data(hs, wt)
+        hh = hs.reshape(SH, SW, N, bh, bw, K).permute(2, 5, 0, 3, 1, 4).reshape(N, K, SH * bh, SW * bw)
+        rec = xhat - xt
+        return ((rec * rec).sum() + TRAIN_LAM * pool_fwd(hh).sum()) / N
+
+    def train_with(loss_fn):
+        def train(xt, wt):
+            wg = wt.detach().requires_grad_(True)
+            (g,) = torch.autograd.grad(loss_fn(xt, wg), wg)
+            return g
+        return train
+
+    def w_back(o):  # (S, M, (c, p, q)) -> our (SH, SW, M, rh, rw, C)
+        return o.detach().numpy().reshape(SH, SW, M, C, r, r).transpose(0, 1, 2, 4, 5, 3)
+
     yt, pt, dpt, dyt = nchw(data["y"]), nchw(data["p"]), nchw(data["dp"]), nchw(dy)
     dyst = dys.transpose(1, 2).contiguous()  # (S, N, M)
     forms = {
         "filter_forward": (fwd, (xt, wt), lambda o: o.detach().numpy().reshape(SH, SW, -1, M).transpose(0, 1, 3, 2)),
         "filter_bwd_data": (bwd_data, (dyst, wt), back),
-        "filter_bwd_weights": (bwd_weights, (xt, dys),
-                               lambda o: o.detach().numpy().reshape(SH, SW, M, C, r, r).transpose(0, 1, 2, 4, 5, 3)),
+        "filter_bwd_weights": (bwd_weights, (xt, dys), w_back),
         "pool_forward": (pool_fwd, (yt,), back),
         "pool_backward": (pool_bwd, (dpt, yt, pt), back),
         "lcn_forward": (lcn_fwd, (yt,), back),
         "lcn_backward": (lcn_bwd, (dyt, yt), back),
+        "train_step": (train_with(loss), (xt, wt), w_back),
     }
-    return forms, lambda f: torch.compile(f, dynamic=False)
+
+    def compile_(name, fn):  # the step: its loss compiled (forward and backward graphs), autograd outside
+        return train_with(torch.compile(loss, dynamic=False)) if name == "train_step" else torch.compile(fn, dynamic=False)
+
+    return forms, compile_
 
 
 def _jax_formulations(sh: Any, data: dict[str, np.ndarray]) -> dict[str, tuple] | None:
@@ -171,8 +199,10 @@ def _jax_formulations(sh: Any, data: dict[str, np.ndarray]) -> dict[str, tuple] 
     }
 
 
-def _ours_for_peers(name: str, result: np.ndarray, block: tuple[int, int]) -> np.ndarray:
-    """Our result in the layout the peers' converters give back."""
+def _ours_for_peers(name: str, result: Any, block: tuple[int, int]) -> np.ndarray:
+    """Our result in the layout the peers' converters give back (the training step: its weight gradient)."""
+    if name == "train_step":
+        return result[1]
     return _sites_order(result, block) if name == "filter_forward" else result
 
 
@@ -184,7 +214,7 @@ def peer_callables(sh, data: dict[str, np.ndarray], ours: dict[str, np.ndarray])
     if torch_forms is not None:
         forms, compile_ = torch_forms
         found["torch"] = forms
-        found["torch-compile"] = {k: (compile_(fn), a, conv) for k, (fn, a, conv) in forms.items()}
+        found["torch-compile"] = {k: (compile_(k, fn), a, conv) for k, (fn, a, conv) in forms.items()}
     jax_forms = _jax_formulations(sh, data)
     if jax_forms is not None:
         found["jax"] = jax_forms

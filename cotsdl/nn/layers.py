@@ -186,7 +186,8 @@ class LCN:
         win, out = self._boxes(ctx)
         if ctx.out.is_empty:  # no pixels, but the group reduction must still be joined
             x = _zeros(x, (0, 0) + tuple(ctx.in_shape[2:]))
-        y, cache = ops.lcn_window(x, win, out, ctx.in_shape[:2], self.size, self.sigma, self.eps, ctx.allreduce)
+        y, cache = ops.lcn_window(x, win, out, ctx.in_shape[:2], self.size, self.sigma, self.eps, ctx.allreduce,
+                                  workspace=ctx.workspace)
         return y if not ctx.out.is_empty else _zeros(x, ctx.out.shape), cache
 
     def backward_local(self, dy, x, y, cache, ctx: Context, input_grad: bool = True):

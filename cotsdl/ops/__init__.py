@@ -103,13 +103,13 @@ def l2_pool_backward(dy, x, y, size, stride, *, workspace=None):
     return implementation(dy, x, y).pool_backward(dy, x, y, size, stride, workspace)
 
 
-def lcn_window(x, x_box: Box, out: Box, image_hw, size, sigma, eps, allreduce=None):
+def lcn_window(x, x_box: Box, out: Box, image_hw, size, sigma, eps, allreduce=None, *, workspace=None):
     """LCN of the image (``image_hw`` spatial) restricted to the 2-D box ``out``; ``x`` (h, w, C, N)
     covers ``x_box``, which must contain ``out`` grown by 2*(size//2) (clipped to the image).
     Returns y on ``out`` and the cache for :func:`lcn_window_backward`."""
     shapes.activations("x", x)
     size, sigma, eps = shapes.lcn_params(size, sigma, eps)
-    return _lcn.forward_local(x, x_box, out, tuple(image_hw), size, sigma, eps, allreduce)
+    return _lcn.forward_local(x, x_box, out, tuple(image_hw), size, sigma, eps, allreduce, workspace)
 
 
 def lcn_window_backward(dy, cache, allreduce=None):

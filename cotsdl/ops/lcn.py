@@ -29,6 +29,8 @@ import numpy as np
 from .. import backend
 from ..array.box import Box, grow
 from ._dispatch import implementation
+from .cpu.parallel import chunk_bounds, run_ranges
+from .cpu.workspace import Workspace
 
 Reduce = Callable[[np.ndarray], np.ndarray]
 
@@ -86,13 +88,33 @@ class LCNCache:
     m: np.ndarray  # (N,)
     d: np.ndarray  # max(s, m, eps) on out
     eps: float
+    workspace: Workspace | None = None  # the layer's scratch (numpy backend), for the backward's bands
+
+
+def _rows(xp, n: int, bytes_per_row: int, fn: Callable[[int, int], None]) -> None:
+    """``fn(lo, hi)`` over the rows ``[0, n)``: in cache-sized bands on the numpy backend's threads
+    (each band's temporaries stay in cache, both cores work); in one call for device arrays."""
+    if xp is np:
+        run_ranges(chunk_bounds(n, bytes_per_row), fn)
+    elif n:
+        fn(0, n)
+
+
+def _scratch(ws: Workspace | None, xp, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
+    return ws.get(name, shape, dtype) if ws is not None and xp is np else xp.empty(shape, dtype)
 
 
 def forward_local(x: np.ndarray, x_box: Box, out: Box, image_hw: tuple[int, int], size: int, sigma: float,
-                  eps: float, allreduce: Reduce | None = None) -> tuple[np.ndarray, LCNCache]:
-    """LCN of the image restricted to ``out`` (2-D spatial boxes); x is (h, w, C, N) on ``x_box``."""
+                  eps: float, allreduce: Reduce | None = None, workspace: Workspace | None = None
+                  ) -> tuple[np.ndarray, LCNCache]:
+    """LCN of the image restricted to ``out`` (2-D spatial boxes); x is (h, w, C, N) on ``x_box``.
+
+    The full-size steps (channel sums, centring, squares, the divide) run in bands of rows
+    with ``out=`` (:func:`_rows`); the per-element arithmetic is the same in any band, so the
+    result does not depend on the bands or threads.
+    """
     xp = backend.array_module(x)
-    C = x.shape[2]
+    C, N = x.shape[2], x.shape[3]
     rho = size // 2
     g1 = gaussian(size, sigma)
     image = Box((0, 0), image_hw)
@@ -100,29 +122,57 @@ def forward_local(x: np.ndarray, x_box: Box, out: Box, image_hw: tuple[int, int]
     if not x_box.contains(grow(out, (2 * rho,) * 2, (2 * rho,) * 2, image)):
         raise ValueError(f"LCN input window {x_box} does not cover {out} plus its 2*rho={2 * rho} halo")
     inv_c = x.dtype.type(1.0 / C)
-    mu1 = smooth(x.sum(axis=2) * inv_c, x_box, r1, image, g1)
-    v1 = x[r1.slices_in(x_box)] - mu1[:, :, None, :]
-    q1 = (v1 * v1).sum(axis=2) * inv_c
+    row = x.shape[1] * C * N * x.dtype.itemsize
+    mean = xp.empty(x.shape[:2] + (N,), x.dtype)
+
+    def channel_mean(a: int, b: int) -> None:
+        xp.sum(x[a:b], axis=2, out=mean[a:b])
+        xp.multiply(mean[a:b], inv_c, out=mean[a:b])
+
+    _rows(xp, x.shape[0], row, channel_mean)
+    mu1 = smooth(mean, x_box, r1, image, g1)
+    xr = x[r1.slices_in(x_box)]
+    v1 = xp.empty(r1.shape + (C, N), x.dtype)
+    q1 = xp.empty(r1.shape + (N,), x.dtype)
+
+    def centre(a: int, b: int) -> None:
+        xp.subtract(xr[a:b], mu1[a:b, :, None, :], out=v1[a:b])
+        sq = _scratch(workspace, xp, "lcn.sq", v1[a:b].shape, x.dtype)
+        xp.multiply(v1[a:b], v1[a:b], out=sq)
+        xp.sum(sq, axis=2, out=q1[a:b])
+        xp.multiply(q1[a:b], inv_c, out=q1[a:b])
+
+    _rows(xp, r1.shape[0], row, centre)
     s = xp.sqrt(smooth(q1, r1, out, image, g1))
     total = s.sum(axis=(0, 1))
     if allreduce is not None:
         total = allreduce(total)
     m = (total / x.dtype.type(image.size)).astype(x.dtype)
     d = xp.maximum(xp.maximum(s, m), x.dtype.type(eps))
-    y = v1[out.slices_in(r1)] / d[:, :, None, :]
-    return y, LCNCache(x_box, out, r1, image, g1, v1, s, m, d, eps)
+    v0 = v1[out.slices_in(r1)]
+    y = xp.empty(out.shape + (C, N), x.dtype)
+    _rows(xp, out.shape[0], row, lambda a, b: xp.divide(v0[a:b], d[a:b, :, None, :], out=y[a:b]))
+    return y, LCNCache(x_box, out, r1, image, g1, v1, s, m, d, eps, workspace)
 
 
 def backward_local(dy: np.ndarray, cache: LCNCache, allreduce: Reduce | None = None) -> np.ndarray:
-    """dx on the input window ``cache.x_box``, given dy on ``cache.out``."""
+    """dx on the input window ``cache.x_box``, given dy on ``cache.out`` (full-size steps in bands of rows)."""
     c = cache
     xp = backend.array_module(dy)
-    C = dy.shape[2]
+    C, N = dy.shape[2], dy.shape[3]
     dt = dy.dtype.type
     inv_c = dt(1.0 / C)
+    row = c.v1.shape[1] * C * N * dy.dtype.itemsize
     v0 = c.v1[c.out.slices_in(c.r1)]
-    dv0 = dy / c.d[:, :, None, :]
-    dd = -(dy * v0).sum(axis=2) / (c.d * c.d)
+    dd = xp.empty(c.out.shape + (N,), dy.dtype)
+
+    def dot(a: int, b: int) -> None:
+        prod = _scratch(c.workspace, xp, "lcn.prod", dy[a:b].shape, dy.dtype)
+        xp.multiply(dy[a:b], v0[a:b], out=prod)
+        xp.sum(prod, axis=2, out=dd[a:b])
+
+    _rows(xp, c.out.shape[0], row, dot)
+    dd = -dd / (c.d * c.d)
     s_wins = (c.s >= c.m) & (c.s >= dt(c.eps))
     m_wins = ~s_wins & (c.m >= dt(c.eps))
     ds = xp.where(s_wins, dd, dt(0))
@@ -133,11 +183,27 @@ def backward_local(dy: np.ndarray, cache: LCNCache, allreduce: Reduce | None = N
     with np.errstate(divide="ignore", invalid="ignore"):
         du = xp.where(c.s > 0, ds / (dt(2) * c.s), dt(0))
     dq1 = smooth_adjoint(du, c.out, c.r1, c.image, c.g1)
-    dv1 = (dt(2) * inv_c) * c.v1 * dq1[:, :, None, :]
-    dv1[c.out.slices_in(c.r1)] += dv0
-    dx_shape = c.x_box.shape + dy.shape[2:]
-    dx = xp.zeros(dx_shape, dy.dtype)
-    dx[c.r1.slices_in(c.x_box)] += dv1
-    dmu1 = -dv1.sum(axis=2)
-    dx += (smooth_adjoint(dmu1, c.r1, c.x_box, c.image, c.g1) * inv_c)[:, :, None, :]
+    dx = xp.zeros(c.x_box.shape + (C, N), dy.dtype)
+    dv1 = dx[c.r1.slices_in(c.x_box)]  # dv1 is written in place: dx is zero there before
+    dmu1 = xp.empty(c.r1.shape + (N,), dy.dtype)
+    o_rows, o_cols = c.out.slices_in(c.r1)
+    scale = dt(2) * inv_c
+
+    def spread(a: int, b: int) -> None:
+        t = dv1[a:b]
+        xp.multiply(c.v1[a:b], scale, out=t)
+        xp.multiply(t, dq1[a:b, :, None, :], out=t)
+        lo, hi = max(a, o_rows.start), min(b, o_rows.stop)  # this band's rows of the output box
+        if hi > lo:
+            part = t[lo - a:hi - a, o_cols]
+            q = _scratch(c.workspace, xp, "lcn.dv0", part.shape, dy.dtype)
+            i = slice(lo - o_rows.start, hi - o_rows.start)
+            xp.divide(dy[i], c.d[i, :, None, :], out=q)
+            xp.add(part, q, out=part)
+        xp.sum(t, axis=2, out=dmu1[a:b])
+        xp.negative(dmu1[a:b], out=dmu1[a:b])
+
+    _rows(xp, c.r1.shape[0], row, spread)
+    back = smooth_adjoint(dmu1, c.r1, c.x_box, c.image, c.g1) * inv_c
+    _rows(xp, dx.shape[0], row, lambda a, b: xp.add(dx[a:b], back[a:b, :, None, :], out=dx[a:b]))
     return dx

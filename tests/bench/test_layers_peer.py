@@ -12,7 +12,7 @@ import pytest
 from cotsdl.bench import layers
 
 PASSES = {"filter_forward", "filter_bwd_data", "filter_bwd_weights", "pool_forward", "pool_backward",
-          "lcn_forward", "lcn_backward"}
+          "lcn_forward", "lcn_backward", "train_step"}
 
 
 @pytest.mark.timeout(900)
@@ -56,14 +56,16 @@ def test_peer_flag_without_peers_still_runs(tmp_path):
         (hide / f"{mod}.py").write_text("raise ImportError('hidden by the test')\n")
     out = tmp_path / "l.json"
     code = ("import sys; sys.path.insert(0, %r); from cotsdl.cli import main; "
-            "sys.exit(main(['bench', 'layers', '--peer', '--repeats', '1', '--min-time', '0', '--json', %r]))"
+            "sys.exit(main(['bench', 'layers', '--peer', '--repeats', '1', '--min-time', '0', '--json', %r, "
+            "'--shapes', 'D-blocks']))"
             % (str(hide), str(out)))
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=280)
     assert res.returncode == 0, res.stderr
     assert "neither PyTorch nor JAX is importable" in res.stdout
     data = json.loads(out.read_text())
     assert data["peers"] == []
-    assert [r["shape"] for r in data["results"]] == [s.name for s in layers.NUMPY_SHAPES]
+    assert [r["shape"] for r in data["results"]] == ["D-blocks"]
+    assert "P-paper" in [s.name for s in layers.NUMPY_SHAPES]  # the paper's layer is a default numpy shape
     for row in data["results"]:  # every filter pass beside its batched products alone
         for name in ("filter_forward", "filter_bwd_data", "filter_bwd_weights"):
             rec = row["ops"][name]

@@ -67,7 +67,7 @@ def test_bench_layers_table_and_json(tmp_path):
     assert [r["shape"] for r in data["results"]] == ["A", "D-blocks"]
     for row in data["results"]:
         assert set(row["ops"]) == {"filter_forward", "filter_bwd_data", "filter_bwd_weights", "pool_forward",
-                                   "pool_backward", "lcn_forward", "lcn_backward"}
+                                   "pool_backward", "lcn_forward", "lcn_backward", "train_step"}
         assert 0 < row["ops"]["filter_forward"]["fraction_of_sgemm"]
 
 

@@ -48,3 +48,37 @@ def test_bad_arguments_are_named():
         ops.lcn(x, 4, 1.0, 0.1)
     with pytest.raises(ValueError, match="sigma must be > 0"):
         ops.lcn(x, 3, 0.0, 0.1)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bands_over_threads_change_nothing(case, monkeypatch):
+    """LCN's full-size steps in a band per row on 3 threads, with a workspace reused: bit for bit
+    the one-band result, forward and backward, of whole images and of a window of one."""
+    from cotsdl.array.box import Box
+    from cotsdl.ops.cpu import parallel
+
+    shape, size, sigma, eps = case[0], case[1], case[2], 1e-3
+    x = np.random.default_rng(9).standard_normal(shape).astype(np.float32)
+    dy = np.random.default_rng(10).standard_normal(shape).astype(np.float32)
+    H, W = shape[:2]
+    whole = Box((0, 0), (H, W))
+    inner = Box((H // 3, 0), (H - H // 3, W)) if H >= 3 else whole
+
+    def both(ws):
+        got = []
+        for out in (whole, inner):
+            y, cache = ops.lcn_window(x, whole, out, (H, W), size, sigma, eps, workspace=ws)
+            got += [y, ops.lcn_window_backward(dy[out.slices_in(whole)], cache)]
+        return got
+
+    ops.set_num_threads(1)
+    try:
+        want = both(None)
+        monkeypatch.setattr(parallel, "CHUNK_BYTES", 1)
+        ops.set_num_threads(3)
+        ws = ops.Workspace()
+        for _ in range(2):
+            for g, w in zip(both(ws), want):
+                np.testing.assert_array_equal(g, w)
+    finally:
+        ops.set_num_threads(None)
