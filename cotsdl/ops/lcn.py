@@ -29,7 +29,7 @@ import numpy as np
 from .. import backend
 from ..array.box import Box, grow
 from ._dispatch import implementation
-from .cpu.parallel import chunk_bounds, run_ranges
+from .cpu.parallel import row_bands, run_ranges
 from .cpu.workspace import Workspace
 
 Reduce = Callable[[np.ndarray], np.ndarray]
@@ -92,10 +92,11 @@ class LCNCache:
 
 
 def _rows(xp, n: int, bytes_per_row: int, fn: Callable[[int, int], None]) -> None:
-    """``fn(lo, hi)`` over the rows ``[0, n)``: in cache-sized bands on the numpy backend's threads
-    (each band's temporaries stay in cache, both cores work); in one call for device arrays."""
+    """``fn(lo, hi)`` over the rows ``[0, n)``: on the numpy backend in bands (one band for small
+    arrays, else cache-sized ones over the threads: :func:`~cotsdl.ops.cpu.parallel.row_bands`);
+    in one call for device arrays."""
     if xp is np:
-        run_ranges(chunk_bounds(n, bytes_per_row), fn)
+        run_ranges(row_bands(n, bytes_per_row), fn)
     elif n:
         fn(0, n)
 

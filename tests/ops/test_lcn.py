@@ -75,6 +75,7 @@ def test_bands_over_threads_change_nothing(case, monkeypatch):
     try:
         want = both(None)
         monkeypatch.setattr(parallel, "CHUNK_BYTES", 1)
+        monkeypatch.setattr(parallel, "PARALLEL_BYTES", 0)
         ops.set_num_threads(3)
         ws = ops.Workspace()
         for _ in range(2):

@@ -53,7 +53,7 @@ def test_bad_arguments_are_named():
 def test_bands_over_threads_give_the_loops_result(case, monkeypatch):
     """Every row band on its own thread (a band per row, all sizes threaded): the same values as the
     loops, and the backward the same as in one band."""
-    from cotsdl.ops.cpu import parallel, pool
+    from cotsdl.ops.cpu import parallel
 
     x = np.random.default_rng(7).standard_normal(case[0])
     size, stride = case[1], case[2]
@@ -61,7 +61,7 @@ def test_bands_over_threads_give_the_loops_result(case, monkeypatch):
     dy = np.random.default_rng(8).standard_normal(y.shape)
     dx = ops.l2_pool_backward(dy, x, y, size, stride)
     monkeypatch.setattr(parallel, "CHUNK_BYTES", 1)
-    monkeypatch.setattr(pool, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(parallel, "PARALLEL_BYTES", 0)
     ops.set_num_threads(3)
     try:
         ws = ops.Workspace()

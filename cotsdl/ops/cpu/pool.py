@@ -13,16 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..shapes import window_sites
-from .parallel import chunk_bounds, run_ranges
+from .parallel import row_bands, run_ranges
 from .workspace import Workspace
-
-#: Arrays smaller than this are pooled in one band on the calling thread: below it the
-#: thread pool's hand-offs cost more than they save (A, B shapes of bench layers: 0.12 -> 0.37 ms).
-PARALLEL_BYTES = 1 << 20
-
-
-def _bands(n: int, bytes_per_item: int, total: int) -> list[tuple[int, int]]:
-    return [(0, n)] if total < PARALLEL_BYTES else chunk_bounds(n, bytes_per_item)
 
 
 def pool_forward(x: np.ndarray, size, stride, eps: float, workspace: Workspace | None = None) -> np.ndarray:
@@ -56,7 +48,7 @@ def pool_forward(x: np.ndarray, size, stride, eps: float, workspace: Workspace |
             np.add(acc, cols(q), out=acc)
         np.sqrt(acc, out=acc)
 
-    run_ranges(_bands(PH, qh * W * C * N * x.itemsize, x.nbytes), band)
+    run_ranges(row_bands(PH, qh * W * C * N * x.itemsize), band)
     return y
 
 
@@ -93,6 +85,6 @@ def pool_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray, size, stride,
                 np.add(rows, spread[a - i_lo:b - i_lo], out=rows)
         np.multiply(out, x[h0:h1], out=out)
 
-    run_ranges(_bands(PH, PW * C * N * y.itemsize, x.nbytes), ratio)
-    run_ranges(_bands(H, W * C * N * x.itemsize, x.nbytes), band)
+    run_ranges(row_bands(PH, PW * C * N * y.itemsize), ratio)
+    run_ranges(row_bands(H, W * C * N * x.itemsize), band)
     return dx
