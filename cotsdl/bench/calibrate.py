@@ -5,16 +5,17 @@ The planner predicts an operation's time as ``max(flops / (rate * eff), bytes /
 share of the cores) and a message's as ``alpha_s + bytes * beta_s_per_byte``.  This
 module measures every number of that model in one run:
 
-- ``peak_flops``: numpy's float32 sgemm on all cores (:func:`cotsdl.bench.layers.sgemm_ceiling`);
-  ``memory_bandwidth``: a large copy split over all cores (bytes read + bytes written,
-  as STREAM counts them); ``cores``: :func:`cotsdl.ops.available_cores`;
+- ``peak_flops``: numpy's float32 2048^3 sgemm on all cores; ``memory_bandwidth``: a large
+  copy split over all cores (bytes read + bytes written, as STREAM counts them); both the
+  median over rounds of each round's best call; ``cores``: :func:`cotsdl.ops.available_cores`;
   ``memory_bytes``: MemTotal of /proc/meminfo.
 - ``overhead_s`` and ``overhead_by_op_s``: the median time of each operation called on
   tiny arrays (the checks, dispatch and thread-pool hand-off every call pays), and the
   least of them.
 - ``efficiency`` and ``efficiency_by_threads``: every pass of every stage of the demo
-  network (``jobs/configs/demo.toml``) timed with :mod:`cotsdl.ops` (the median of the
-  repeats: a training step sees typical times, not the best) on all cores and on 1 core.
+  network (``jobs/configs/demo.toml``) timed with :mod:`cotsdl.ops` on all cores and on 1 core,
+  one call of each in stage order a round (each finds in cache what the passes before it
+  left, as in a step), the median over the rounds (a step sees typical times, not the best).
   Per op the efficiency is the one that makes the planner's model reproduce the
   measurement: ``max(flops / rate, bytes / bandwidth) / (t - the op's call cost)`` with
   ``rate`` and ``bandwidth`` the share of the threads used (threads / cores of the peak
@@ -29,11 +30,24 @@ module measures every number of that model in one run:
   ranks per node) and ``efficiency`` = the all-cores set; every case is printed and kept
   under ``calibration``.
 - ``link``: an MPI ping-pong between ranks 0 and 1 over message sizes from 8 B to
-  4 MiB (per size the best of 3 medians), fitted by least squares on the relative error (so small and large messages
-  count alike) to ``alpha + beta * bytes``; then one real halo exchange
+  4 MiB (per size the median of the rounds' medians), fitted by least squares on the relative
+  error (so small and large messages count alike) to ``alpha + beta * bytes``; then one real halo exchange
   (:class:`cotsdl.array.ExchangePlan` on the grid of all ranks) is printed against the
   model.  On one rank there is no link: an in-process copy is fitted instead and the
   file's ``source`` and ``calibration.link_measured`` say so.
+- ``load``: what other processes did meanwhile (:mod:`cotsdl.planner.load`): the cores they
+  kept busy on average over the whole calibration (``other_busy_cores``, the job's own ranks
+  not counted), the cores watched, the seconds and the 1-minute load average.  The numbers
+  hold under that load; :func:`cotsdl.planner.machine.load_warning` says when it differs now.
+
+Sampling: every item is timed in rounds that interleave the items of its phase (the
+ceilings; the tiny calls; a case's passes; the ping-pong sizes), by default ``repeats`` = 5
+rounds (at least 3), and the number kept is the median over the rounds of each round's
+median (of each round's best call for the ceilings).  A burst of load from elsewhere then
+spoils a round of every item alike and is outvoted, instead of all the samples of one item
+(as a block per item did); the rounds' spread, (q75 - q25) / median, is printed and kept
+(``calibration.spread``, each pass's ``spread``).  A load that lasts the whole calibration
+is in every round: no statistic removes it, and ``load`` records it.
 
 The top-level ``calibration`` key holds the raw numbers (the planner ignores unknown
 top-level keys).
@@ -43,6 +57,7 @@ Compute is measured on rank 0 while the other ranks wait without spinning (an
 """
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -58,23 +73,21 @@ from ..array import Box, DistArray, ExchangePlan, ProcessGrid, grow
 from ..array.collective import raise_collectively
 from ..nn.network import Network
 from ..ops import costs
+from ..planner import load
 from .exchange import pingpong
 from .common import wait_idle
-from .layers import best_time, sgemm_ceiling
 
 # The network of jobs/configs/demo.toml (copied: an installed package has no jobs/ folder).
 DEMO_STAGES = [
     {"filter": {"size": [7, 7], "stride": [1, 1], "channels": 16},
-     "pool": {"size": [2, 2], "stride": [2, 2], "eps": 0.01}, "lcn": {"size": 5, "sigma": 1.0, "eps": 0.001}},
-    {"filter": {"size": [4, 4], "stride": [1, 1], "channels": 16},
-     "pool": {"size": [2, 2], "stride": [2, 2], "eps": 0.01}, "lcn": {"size": 3, "sigma": 1.0, "eps": 0.001}},
-    {"filter": {"size": [3, 3], "stride": [1, 1], "channels": 16},
-     "pool": {"size": [2, 2], "stride": [1, 1], "eps": 0.01}, "lcn": {"size": 3, "sigma": 1.0, "eps": 0.001}},
+     "pool": {"size": [2, 2], "stride": [2, 2], "eps": 0.01}, "lcn": {"size": 9, "sigma": 2.0, "eps": 0.001}},
+    {"filter": {"size": [13, 13], "stride": [1, 1], "channels": 16},
+     "pool": {"size": [1, 1], "stride": [1, 1], "eps": 0.01}, "lcn": {"size": 1, "sigma": 1.0, "eps": 0.001}},
 ]
 # (label, input (H, W, C), batch N): the demo network on colour 64x64 crops with N = 96, and as
-# demo.toml trains it (grey, N = 32; `bench scaling jobs/configs/demo.toml` times this one).  Both are
-# printed; the file's efficiencies come from the last case (see ``run``).
-CASES = [("64x64x3 N=96", (64, 64, 3), 96), ("64x64x1 N=32 (demo)", (64, 64, 1), 32)]
+# demo.toml trains it (grey 32x32, N = 32; `bench scaling jobs/configs/demo.toml` times this one).  Both
+# are printed; the file's efficiencies come from the last case (see ``run``).
+CASES = [("64x64x3 N=96", (64, 64, 3), 96), ("32x32x1 N=32 (demo)", (32, 32, 1), 32)]
 QUICK_CASES = [("64x64x3 N=16 (quick)", (64, 64, 3), 16)]
 OPS = ["filter_forward", "filter_backward_data", "filter_backward_weights", "pool_forward", "pool_backward",
        "lcn_forward", "lcn_backward", "elementwise"]
@@ -85,31 +98,51 @@ def demo_network(input_shape) -> Network:
     return Network.from_description({"input": list(input_shape), "stages": DEMO_STAGES})
 
 
-def median_time(fn: Callable[[], Any], repeats: int, min_time: float = 0.0,
-                flush: Callable[[], Any] | None = None) -> float:
-    """Median wall time of ``fn`` over at least ``repeats`` calls and ``min_time`` seconds, after one warm-up;
-    ``flush`` (untimed) runs before every call."""
-    fn()
-    times: list[float] = []
-    while len(times) < repeats or sum(times) < min_time:
-        if flush is not None:
-            flush()
-        t0 = time.perf_counter()
+def rounds_for(repeats: int) -> int:
+    """Rounds of interleaved samples: ``repeats``, at least 3 (a median that can outvote one bad round)."""
+    return max(3, int(repeats))
+
+
+def interleaved_rounds(fns: dict[Any, Callable[[], Any]], rounds: int, calls: int = 1, seconds: float = 0.0,
+                       per_round: Callable[[list[float]], float] = np.median,
+                       sync: Callable[[], Any] | None = None) -> dict[Any, list[float]]:
+    """Per function, one value per round: ``per_round`` of its wall times in that round (the median for
+    typical times, ``min`` for a ceiling).
+
+    Every round calls each function in turn (after one warm-up call each), at least ``calls`` times and
+    for ``seconds``, so that a burst of load from other processes spoils a round of every item alike
+    instead of all the samples of one item (as timing each item in one block did).  :func:`robust` turns
+    the rounds into one number.  ``sync`` (a barrier) ends every call, inside the timing; then every rank
+    must call alike: ``seconds`` must be 0.
+    """
+    if sync is not None and seconds:
+        raise ValueError("interleaved_rounds: with sync every rank must make the same calls: give calls, not seconds")
+    sync = sync or (lambda: None)
+    for fn in fns.values():
         fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+        sync()
+    out: dict[Any, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times: list[float] = []
+            while len(times) < calls or sum(times) < seconds:
+                t0 = time.perf_counter()
+                fn()
+                sync()
+                times.append(time.perf_counter() - t0)
+            out[name].append(float(per_round(times)))
+    return out
 
 
-class CacheFlush:
-    """Writes a buffer larger than the caches: in a training step every pass finds its operands
-    evicted by the passes before it, so passes are timed that way (hot-cache repeats of one pass
-    ran twice as fast as the same pass inside a step here)."""
-
-    def __init__(self, nbytes: int = 96 << 20):
-        self.buf = np.zeros(nbytes // 8)
-
-    def __call__(self) -> None:
-        self.buf += 1.0
+def robust(values) -> dict[str, float]:
+    """The median of per-round values (bursts of load that spoil fewer than half the rounds do not move
+    it), its quartiles and ``spread`` = (q75 - q25) / median, the rounds' disagreement."""
+    a = np.asarray(values, float)
+    if a.size == 0 or not np.all(np.isfinite(a)):
+        raise ValueError(f"robust(): need finite samples, got {values!r}")
+    q25, med, q75 = (float(v) for v in np.percentile(a, [25, 50, 75]))
+    return {"value": med, "q25": q25, "q75": q75, "spread": (q75 - q25) / med if med > 0 else 0.0,
+            "rounds": int(a.size)}
 
 
 # -- the device ---------------------------------------------------------------------------
@@ -124,17 +157,51 @@ def memory_bytes() -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def copy_bandwidth(nbytes: int, threads: int, repeats: int) -> float:
-    """Bytes/s of a copy of ``nbytes`` split over ``threads`` threads (read + write counted, as STREAM)."""
-    n = nbytes // 4
-    src, dst = np.ones(n, np.float32), np.zeros(n, np.float32)
-    bounds = np.linspace(0, n, threads + 1).astype(int)
-    parts = [(dst[lo:hi], src[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]
-    with ThreadPoolExecutor(threads) as pool:
-        def copy():
-            list(pool.map(lambda p: np.copyto(*p), parts))
-        t = best_time(copy, repeats)
-    return 2.0 * n * 4 / t
+class Copy:
+    """A copy of ``nbytes`` split over ``threads`` threads; ``nbytes`` read + written per call (as STREAM)."""
+
+    def __init__(self, nbytes: int, threads: int):
+        n = nbytes // 4
+        self.src, self.dst = np.ones(n, np.float32), np.zeros(n, np.float32)
+        self.nbytes = 2.0 * n * 4
+        bounds = np.linspace(0, n, threads + 1).astype(int)
+        self.parts = [(self.dst[lo:hi], self.src[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]
+        self.pool = ThreadPoolExecutor(threads) if threads > 1 else None
+
+    def __call__(self) -> None:
+        if self.pool is None:
+            np.copyto(self.dst, self.src)
+        else:
+            list(self.pool.map(lambda p: np.copyto(*p), self.parts))
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+def device_ceilings(cores: int, rounds: int, quick: bool) -> dict[str, dict[str, float]]:
+    """:func:`robust` statistics of the float32 sgemm's FLOP/s on all cores and of the copy's bytes/s on
+    all cores and (not ``quick``) on 1 thread, timed in interleaved rounds, each round's best call."""
+    n = 1024 if quick else 2048
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
+    big = (32 if quick else 256) << 20
+    copies = {"memory_bandwidth": Copy(big, cores)}
+    if not quick:
+        copies["bandwidth_1thread"] = Copy(big, 1)
+    try:
+        # 2 sgemm calls a round (10 in all by default): the first call after a copy runs a little slow
+        t = interleaved_rounds({"peak_flops": lambda: a @ b, **copies}, rounds, 1 if quick else 2, per_round=min)
+    finally:
+        for c in copies.values():
+            c.close()
+    work = {"peak_flops": 2.0 * n ** 3, **{k: c.nbytes for k, c in copies.items()}}
+    return {k: _rates(work[k], v) for k, v in t.items()}
+
+
+def _rates(work: float, seconds: list[float]) -> dict[str, float]:
+    """:func:`robust` of work / seconds per round (a rate: its quartiles swap with the times')."""
+    return robust([work / s for s in seconds])
 
 
 # -- the passes of a stage ----------------------------------------------------------------
@@ -181,12 +248,15 @@ def stage_passes(net: Network, N: int, stages, rng) -> list[tuple[str, int, Call
 
 def tiny_overhead(repeats: int) -> tuple[float, dict[str, float]]:
     """The least time over the op kinds of one call on tiny arrays (what every call costs beyond its work:
-    checks and dispatch); the filter's and LCN's larger fixed costs stay in their efficiencies."""
+    checks and dispatch); the filter's and LCN's larger fixed costs stay in their efficiencies.  Per op
+    the median over interleaved rounds of each round's median call."""
     net = Network.from_description({"input": [6, 6, 1], "stages": [
         {"filter": {"size": [2, 2], "stride": [1, 1], "channels": 1},
          "pool": {"size": [2, 2], "stride": [1, 1], "eps": 0.01}, "lcn": {"size": 3, "sigma": 1.0, "eps": 0.001}}]})
-    per = {name: median_time(fn, max(20, 4 * repeats))
-           for name, _, fn, _ in stage_passes(net, 1, [0], np.random.default_rng(1))}
+    fns = {name: fn for name, _, fn, _ in stage_passes(net, 1, [0], np.random.default_rng(1))}
+    rounds = rounds_for(repeats)
+    t = interleaved_rounds(fns, rounds, calls=-(-max(20, 4 * repeats) // rounds))
+    per = {name: robust(v)["value"] for name, v in t.items()}
     return float(min(per.values())), per
 
 
@@ -230,12 +300,14 @@ def fit_link(sizes, times) -> tuple[float, float]:
 
 
 def copy_times(sizes, repeats: int) -> list[float]:
-    """Time of an in-process copy of each size (the stand-in for a link on one rank)."""
-    out = []
+    """Time of an in-process copy of each size (the stand-in for a link on one rank): interleaved rounds."""
+    fns = {}
     for n in sizes:
         src, dst = np.ones(max(n, 1), np.uint8), np.zeros(max(n, 1), np.uint8)
-        out.append(median_time(lambda: np.copyto(dst, src), max(5, repeats)))
-    return out
+        fns[n] = lambda src=src, dst=dst: np.copyto(dst, src)
+    rounds = rounds_for(repeats)
+    t = interleaved_rounds(fns, rounds, calls=-(-max(5, repeats) // rounds))
+    return [robust(t[n])["value"] for n in sizes]
 
 
 def halo_exchange(comm, shape, halo: int, repeats: int) -> dict[str, Any]:
@@ -257,6 +329,32 @@ def halo_exchange(comm, shape, halo: int, repeats: int) -> dict[str, Any]:
             "seconds": float(np.median(samples))}
 
 
+# -- the load ------------------------------------------------------------------------------
+def _load_seen(before, after, say) -> dict[str, Any]:
+    """The machine file's ``load`` for the calibration's interval, printed (on rank 0)."""
+    from ..planner.machine import LOAD_MARGIN  # noqa: PLC0415
+
+    seen = load.record(before, after)
+    say("")
+    say(f"load: {_load_text(seen)}")
+    if (seen["other_busy_cores"] or 0.0) >= LOAD_MARGIN:
+        say(f"      calibrated under load: the predictions hold for runs under a similar load (cotsdl plan warns "
+            f"when the load differs by {LOAD_MARGIN} cores or more); for a quiet machine, calibrate when it is quiet")
+    return seen
+
+
+def _load_text(seen: dict[str, Any] | None) -> str:
+    if not seen or seen.get("other_busy_cores") is None:
+        return "load of other processes not measured (no /proc)"
+    avg = f", 1-min load average {seen['loadavg1']:.2f}" if seen.get("loadavg1") is not None else ""
+    return (f"other processes kept {seen['other_busy_cores']:.2f} of {seen['cores_watched']} cores busy over "
+            f"{seen['seconds']:.0f} s{avg}")
+
+
+def _median_spread(rows) -> float:
+    return float(np.median([r["spread"] for r in rows])) if rows else 0.0
+
+
 # -- the run ----------------------------------------------------------------------------------
 def _measure_compute(repeats: int, quick: bool, say) -> dict[str, Any]:
     cores = ops.available_cores()
@@ -264,13 +362,17 @@ def _measure_compute(repeats: int, quick: bool, say) -> dict[str, Any]:
     res: dict[str, Any] = {"cores": cores}
     try:
         ops.set_num_threads(cores)
-        say(f"[1/4] sgemm ceiling and memory bandwidth on {cores} core(s) ...")
-        res["peak_flops"] = sgemm_ceiling(1024 if quick else 2048, 3 if quick else max(10, 2 * repeats)) * 1e9
-        big = (32 if quick else 256) << 20
-        res["memory_bandwidth"] = copy_bandwidth(big, cores, 3 if quick else max(3, repeats))
-        res["bandwidth_1thread"] = copy_bandwidth(big, 1, 3) if not quick else None
+        rounds = rounds_for(repeats)
+        say(f"[1/4] sgemm ceiling and memory bandwidth on {cores} core(s), {rounds} interleaved rounds ...")
+        ceil = device_ceilings(cores, rounds, quick)
+        res["spread"] = {k: round(v["spread"], 4) for k, v in ceil.items()}
+        res["peak_flops"] = ceil["peak_flops"]["value"]
+        res["memory_bandwidth"] = ceil["memory_bandwidth"]["value"]
+        res["bandwidth_1thread"] = ceil["bandwidth_1thread"]["value"] if "bandwidth_1thread" in ceil else None
         say(f"      sgemm {res['peak_flops'] / 1e9:.1f} GFLOP/s, copy {res['memory_bandwidth'] / 1e9:.2f} GB/s"
-            + (f" ({res['bandwidth_1thread'] / 1e9:.2f} GB/s on 1 thread)" if res["bandwidth_1thread"] else ""))
+            + (f" ({res['bandwidth_1thread'] / 1e9:.2f} GB/s on 1 thread)" if res["bandwidth_1thread"] else "")
+            + " (medians of the rounds' best; spread " + ", ".join(f"{k} {v:.1%}" for k, v in res["spread"].items())
+            + ")")
         res["overhead_s"], res["tiny"] = tiny_overhead(repeats)
         say(f"      overhead per op call (tiny arrays, least over the ops) {res['overhead_s'] * 1e6:.1f} us: "
             + ", ".join(f"{k} {v * 1e6:.0f}" for k, v in res["tiny"].items()))
@@ -282,31 +384,52 @@ def _measure_compute(repeats: int, quick: bool, say) -> dict[str, Any]:
     return res
 
 
-def _measure_passes(threads: int, repeats: int, quick: bool, say) -> list[dict[str, Any]]:
-    """Median times of every pass of the demo network's stages on ``threads`` threads, operands not in cache."""
+def _measure_passes(threads: int, repeats: int, quick: bool, say,
+                    comm: MPI.Comm | None = None) -> list[dict[str, Any]]:
+    """Times of every pass of the demo network's stages on ``threads`` threads: per case, rounds that call
+    each pass once in stage order; per pass the median over the rounds, with the spread.  With ``comm``
+    (collective): every rank of it runs the same rounds, and a barrier ends every call (timed)."""
     prev = ops.num_threads()
     rows = []
-    flush = CacheFlush(8 << 20 if quick else 96 << 20)
     try:
         ops.set_num_threads(threads)
         for ci, (label, inp, N) in enumerate(QUICK_CASES if quick else CASES):
             net = demo_network(inp)
             stages = [0] if quick else range(len(net.stages))
             passes = stage_passes(net, N, stages, np.random.default_rng(ci))
-            say(f"[2/4] case {label}: {len(passes)} passes on {threads} thread(s) ...")
-            for op, k, fn, cost in passes:
-                # a step sees typical times (not the best) with operands not in cache
-                t = median_time(fn, repeats, 0.0 if quick else 0.1, flush)
-                rows.append({"case": label, "threads": threads, "op": op, "stage": k, "seconds": t,
-                             "flops": cost.flops, "bytes": cost.bytes})
+            fns = {i: fn for i, (_, _, fn, _) in enumerate(passes)}
+            # One call per pass a round: each pass finds in cache what the passes before it left there, as
+            # in a training step (a small network's step stays in the caches, a large one's does not).
+            # Timing a pass after a flush of the caches made the demo's passes 1.36x slower than that here.
+            # Rounds: 0.1 s per pass in all, as many as that takes (up to 200), at least rounds_for(repeats).
+            rounds = rounds_for(repeats) if quick else _rounds_within(fns, 0.1 * len(fns), rounds_for(repeats))
+            if comm is not None:
+                rounds = comm.allreduce(rounds, op=MPI.MAX)
+            say(f"[2/4] case {label}: {len(passes)} passes on {threads} thread(s), {rounds} interleaved rounds ...")
+            t = interleaved_rounds(fns, rounds, sync=None if comm is None else comm.Barrier)
+            for i, (op, k, _, cost) in enumerate(passes):
+                st = robust(t[i])
+                rows.append({"case": label, "threads": threads, "op": op, "stage": k, "seconds": st["value"],
+                             "spread": round(st["spread"], 4), "flops": cost.flops, "bytes": cost.bytes})
     finally:
         ops.set_num_threads(prev if prev != ops.available_cores() else None)
     return rows
 
 
+def _rounds_within(fns: dict[Any, Callable[[], Any]], seconds: float, least: int, most: int = 200) -> int:
+    """How many rounds of calling every function once take about ``seconds`` (between ``least`` and
+    ``most``), from one round timed now (it also warms them up)."""
+    t0 = time.perf_counter()
+    for fn in fns.values():
+        fn()
+    return int(min(max(least, math.ceil(seconds / max(time.perf_counter() - t0, 1e-9))), most))
+
+
 def _one_thread_passes(comm: MPI.Comm, hosts: list[str], comp: dict[str, Any], repeats: int, say) -> None:
     """The passes on 1 thread, run at once on up to ``cores`` ranks of rank 0's host (a rank per core
-    shares caches and memory bandwidth with the others, as in training); rank 0's times are kept."""
+    shares caches and memory bandwidth with the others, as in training), each pass ended by a barrier
+    (a step's ranks meet at every exchange: a rank that another process delays holds up the others);
+    rank 0's times are kept."""
     rank, cores = comm.Get_rank(), comp["cores"]
     busy = [r for r in range(comm.Get_size()) if hosts[r] == hosts[0]][:cores]
     sub = comm.Split(0 if rank in busy else MPI.UNDEFINED, rank)
@@ -314,7 +437,7 @@ def _one_thread_passes(comm: MPI.Comm, hosts: list[str], comp: dict[str, Any], r
     if sub != MPI.COMM_NULL:
         say(f"      ({len(busy)} of {cores} cores busy: the same passes on every busy rank at once)")
         sub.Barrier()
-        rows = _measure_passes(1, repeats, False, say if rank == 0 else (lambda *a: None))
+        rows = _measure_passes(1, repeats, False, say if rank == 0 else (lambda *a: None), sub)
         sub.Free()
         comm.Ibarrier().Wait()
     else:
@@ -331,6 +454,8 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
     say = (lambda *a: print(*a, file=log, flush=True)) if rank == 0 else (lambda *a: None)
     host = socket.gethostname()
     hosts = comm.allgather(host)
+    job_pids, job_cpus = load.job_on_host(comm)  # (collective) the load of other processes is watched on rank 0
+    before = load.snapshot(job_pids, job_cpus) if rank == 0 else None
     t_start = time.perf_counter()
     say(f"cotsdl bench calibrate: {size} rank(s) on {len(set(hosts))} host(s), {ops.available_cores()} core(s) "
         f"on rank 0, repeats {repeats}{', quick' if quick else ''}; {MPI.Get_library_version().splitlines()[0].strip()}")
@@ -368,14 +493,19 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
         say("")
         say(f"per-op times and efficiencies (model: max(flops/rate, bytes/bandwidth)/(t - overhead); rate = "
             f"{peak / 1e9:.1f} GFLOP/s and bandwidth {bw / 1e9:.2f} GB/s, each x threads/{cores})")
-        say(f"{'case':22} {'op':24} {'stage':>5} {'thr':>3} {'ms':>9} {'GFLOP/s':>8} {'GB/s':>7} {'bound':>6} {'eff':>6}")
+        say(f"{'case':22} {'op':24} {'stage':>5} {'thr':>3} {'ms':>9} {'spread':>6} {'GFLOP/s':>8} {'GB/s':>7} "
+            f"{'bound':>6} {'eff':>6}")
         for r in all_rows:
             rate, rbw = peak * r["threads"] / cores, bw * r["threads"] / cores
             tf, tb = r["flops"] / rate, r["bytes"] / rbw
             e = max(tf, tb) / max(r["seconds"] - comp["tiny"][r["op"]], 0.05 * r["seconds"])
             say(f"{r['case']:22} {r['op']:24} {r['stage']:5d} {r['threads']:3d} {r['seconds'] * 1e3:9.3f} "
-                f"{r['flops'] / r['seconds'] / 1e9:8.2f} {r['bytes'] / r['seconds'] / 1e9:7.2f} "
+                f"{r['spread']:6.1%} {r['flops'] / r['seconds'] / 1e9:8.2f} {r['bytes'] / r['seconds'] / 1e9:7.2f} "
                 f"{'flops' if tf >= tb else 'bytes':>6} {e:6.3f}")
+        worst = max(all_rows, key=lambda r: r["spread"])
+        say(f"ms: the median over the rounds (one call of each pass a round, in stage order); spread: "
+            f"(q75 - q25) / median over the rounds (median {_median_spread(all_rows):.1%}, largest {worst['spread']:.1%}: "
+            f"{worst['op']} stage {worst['stage']}, {worst['case']}, {worst['threads']} thread(s))")
         say("")
         cols = [(c, th) for c in comp["cases"] for th in comp["thread_counts"]]
         say(f"{'efficiency (time-weighted over stages)':40} " + " ".join(f"{c + ' ' + str(th) + 't':>20}" for c, th in cols))
@@ -394,9 +524,9 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
         say(f"[3/4] MPI ping-pong ranks 0 <-> 1 ({'same host' if hosts[0] == hosts[1] else 'two hosts'}), "
             f"{len(sizes)} sizes ...")
         pair = comm.Split(0 if rank < 2 else MPI.UNDEFINED, rank)
-        if rank < 2:
-            rounds = [[pingpong(pair, n, pp_reps, 3) for n in sizes] for _ in range(3)]
-            times = [min(ts) for ts in zip(*rounds)]  # the best of 3 medians: bursts of load elsewhere
+        if rank < 2:  # interleaved rounds over the sizes; per size the median of the rounds' medians
+            rounds = [[pingpong(pair, n, pp_reps, 3) for n in sizes] for _ in range(rounds_for(repeats))]
+            times = [robust(ts)["value"] for ts in zip(*rounds)]
             pair.Free()
             comm.Ibarrier().Wait()
         else:
@@ -433,14 +563,16 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
     else:
         say("[4/4] one rank: no halo exchange to compare (it would be local copies only)")
 
+    seen = _load_seen(before, load.snapshot(job_pids, job_cpus), say) if rank == 0 else None
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     args = f"--repeats {repeats}" + (" --quick" if quick else "")
     cases = ", ".join(comp["cases"])
     source = (f"cotsdl bench calibrate {args} (cotsdl {__version__}) on {size} rank(s), {stamp}, host "
               f"{','.join(sorted(set(hosts)))}; peak_flops = numpy sgemm on {cores} core(s), memory_bandwidth = "
               f"threaded copy (read+write); efficiencies = demo network passes ({cases}) on threads "
-              f"{comp['thread_counts']} (median times, operands not in cache; 1 thread with "
-              f"{comp.get('busy_1thread', 1)} of {cores} cores busy), written: {demo} per thread count; link: {what}")
+              f"{comp['thread_counts']} (medians over rounds of the passes in stage order; 1 thread with "
+              f"{comp.get('busy_1thread', 1)} of {cores} cores busy), written: {demo} per thread count; link: {what}; "
+              f"{_load_text(seen)}")
     machine = {
         "name": f"{host}-{cores}core" + ("-quick" if quick else ""),
         "kind": "cpu",
@@ -453,6 +585,8 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
         # optional refinements the planner uses when present: a rank running t threads, each op's call cost
         "efficiency_by_threads": by_threads,
         "overhead_by_op_s": {op: float(v) for op, v in comp["tiny"].items()},
+        # the load the numbers were measured under: the planner warns when the load now differs
+        "load": seen,
         # raw data (the planner ignores unknown top-level keys)
         "calibration": {
             "link_measured": what, "pingpong" if size >= 2 else "copy": link_rows, "halo_exchanges": exchanges,
@@ -461,6 +595,11 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
                                    for (c, th), e in eff_by.items()},
             "bandwidth_1thread": comp["bandwidth_1thread"],
             "passes": comp["rows"],
+            "sampling": f"medians over interleaved rounds (at least {rounds_for(repeats)}; passes: one call each "
+                        "a round in stage order, 0.1 s per pass in all; ceilings: each round's best); spread = "
+                        "(q75 - q25) / median over the rounds",
+            "spread": {**comp["spread"], "passes_median": _median_spread(comp["rows"]),
+                       "passes_max": max((r["spread"] for r in comp["rows"]), default=0.0)},
         },
     }
     machine = comm.bcast(machine, root=0)

@@ -154,13 +154,14 @@ def _scaling(args) -> int:
             err = str(e)
     raise_collectively(comm, err)
     decide = _decider(spec, args.machine, args.stage)
+    warning = _load_warning(comm, args.machine)
     res = scaling.run(comm, network, tc.make_optimizer, batch=spec.global_batch,
                       stage=args.stage, steps=args.steps, warmup=args.warmup, replicas=args.replicas,
                       grid=tuple(args.grid) if args.grid else None,
                       overlaps={"on": (True,), "off": (False,), "both": (True, False),
                                 "auto": ("auto",)}[args.overlap],
                       predict=predict, decide=decide, lam=tc.lam, tied=tc.tied, seed=tc.seed, dtype=tc.dtype)
-    res["config"], res["machine"] = str(args.config), args.machine
+    res["config"], res["machine"], res["load_warning"] = str(args.config), args.machine, warning
     if args.json and comm.Get_rank() == 0:
         common.write_json(args.json, res)
         print(f"wrote {args.json}")
@@ -197,6 +198,24 @@ def _decider(spec, machine_arg: str | None, stage: int):
                                       optimizer_slots=spec.train.optimizer_slots, ranks_per_node=p,
                                       tied=spec.train.tied, no_machine=why)
     return decide
+
+
+def _load_warning(comm, machine_arg: str | None) -> str | None:
+    """The machine's load warning (``--machine``, else the one "auto" decides with), printed by rank 0
+    before the steps are timed (collective; rank 0 measures the load for 0.5 s, the run's ranks not counted)."""
+    from .. import planner  # noqa: PLC0415
+    from ..planner import load  # noqa: PLC0415
+    from ..planner.machine import load_warning  # noqa: PLC0415
+    from ..planner.overlap import model_machine  # noqa: PLC0415
+
+    pids, cpus = load.job_on_host(comm)
+    warning = None
+    if comm.Get_rank() == 0:
+        machine = planner.load_machine(machine_arg) if machine_arg else model_machine()[0]
+        warning = load_warning(machine, pids=pids, cpus=cpus) if machine else None
+        if warning:
+            print(warning, flush=True)
+    return comm.bcast(warning, root=0)
 
 
 def _calibrate(args) -> int:

@@ -146,6 +146,7 @@ def _mib(b: float) -> str:
 
 def _single(args, machine) -> dict[str, Any]:
     from ..planner import fit_error, predict_step, smallest_fit, suggest  # noqa: PLC0415
+    from ..planner.machine import load_warning  # noqa: PLC0415
     from ..planner.predict import RANK_COUNTS  # noqa: PLC0415
 
     path = args.config[0]
@@ -164,6 +165,9 @@ def _single(args, machine) -> dict[str, Any]:
           f"{dtype}; {'tied' if tied else 'untied'} weights; optimizer {spec.train.optimizer['kind']} "
           f"({slots} slot(s)); {p0['ranks_per_node']} rank(s) per node")
     print(f"  machine {machine['name']} ({machine['kind']}): {machine['source']}")
+    warning = load_warning(machine)
+    if warning:
+        print(f"  {warning}")
     print(f"  overlap {_overlap_text(ov)}")
     print(f"\n  {'layer':<9}{'out shape (H,W,C)':>20}{'params':>15}{'params/rank':>14}{'weights MiB/rank':>18}")
     for lay in p0["layers"]:
@@ -214,14 +218,18 @@ def _single(args, machine) -> dict[str, Any]:
                     f"--ranks {fit['ranks']}")
         print("  fewest ranks that fit: " + (f"{fit['ranks']}" if fit else "none") + f" (of {machine['name']})")
         error = (error or "does not fit") + more
-    return {"config": path, "machine": machine, "overlap": ov, "predictions": preds, "suggestions": sugg,
-            "error": error, "fits_on": fit}
+    return {"config": path, "machine": machine, "load_warning": warning, "overlap": ov, "predictions": preds,
+            "suggestions": sugg, "error": error, "fits_on": fit}
 
 
 def _table(args, machines) -> dict[str, Any]:
     from ..planner import suggest  # noqa: PLC0415
+    from ..planner.machine import load_warning  # noqa: PLC0415
 
     ranks_list = args.ranks or [1]
+    warnings = {m["name"]: w for m in machines for w in [load_warning(m)] if w}
+    for w in warnings.values():
+        print(w)
     rows = []
     hdr = f"{'config':<22}{'params':>8}{'GPUs':>6}" + "".join(
         f"  | {m['name'][:12]:<12}{'grid':>6}{'s/step':>9}{'GiB/GPU':>9}{'halo %':>8}{'overlap':>8}      "
@@ -257,7 +265,7 @@ def _table(args, machines) -> dict[str, Any]:
             print(line + _paper_note(params, ranks))
     print("NOFIT: does not fit in device memory.  GPU efficiencies are assumptions (nothing has run on a GPU yet).")
     print(PAPER)
-    return {"rows": rows, "paper": PAPER, "machines": machines}
+    return {"rows": rows, "paper": PAPER, "machines": machines, "load_warnings": warnings}
 
 
 def _counts(net):

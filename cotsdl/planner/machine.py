@@ -11,7 +11,8 @@ A machine is plain JSON (``cotsdl bench calibrate`` writes one for the machine i
                     "pool_forward": f, "pool_backward": f, "lcn_forward": f, "lcn_backward": f,
                     "elementwise": f},
      "overhead_s": seconds per operation call (kernel launch, Python),
-     "link": {"alpha_s": seconds per message, "beta_s_per_byte": seconds per byte}}
+     "link": {"alpha_s": seconds per message, "beta_s_per_byte": seconds per byte},
+     "load": {"host": str, "other_busy_cores": cores, ...} (optional: what a calibration saw)}
 
 The time of one operation on one rank (:func:`op_seconds`) is the roofline divided by
 the efficiency of that kind of operation, plus a fixed overhead::
@@ -23,11 +24,17 @@ its device (or a fraction of it when more ranks than devices share a node); a CP
 has ``cores / ranks_per_node`` of the node's cores, hence that fraction of its peak
 and of its memory bandwidth.  An efficiency is thus the fraction of the roofline an
 operation reaches, which is what a calibration measures (roofline time / measured time).
+
+A calibration measures under the load of its moment, and its numbers hold under that load:
+``load`` records the cores other processes kept busy meanwhile (:mod:`cotsdl.planner.load`),
+and :func:`load_warning` says when the load now differs from it.
 """
 from __future__ import annotations
 
 import json
 import math
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +43,12 @@ EFFICIENCY_KEYS = ("filter_forward", "filter_backward_data", "filter_backward_we
 DEVICE_KEYS = ("peak_flops", "memory_bandwidth", "memory_bytes", "cores", "devices_per_node")
 TOP_KEYS = ("name", "kind", "source", "device", "efficiency", "overhead_s", "link")
 LINK_KEYS = ("alpha_s", "beta_s_per_byte")
+LOAD_KEYS = ("host", "other_busy_cores", "cores_watched", "seconds", "loadavg1")
+#: Other busy cores now and at calibration differing by this much or more: the predictions may be off
+#: (one core kept busy on this 2-core machine made a quiet calibration predict 0.44x the 2-rank demo step).
+LOAD_MARGIN = 0.5
+#: Seconds the load now is measured over (cotsdl plan waits that long once).
+LOAD_WINDOW = 0.5
 
 # GPU efficiencies are ASSUMPTIONS: no cotsdl kernel has been timed on a GPU yet.  The filter
 # value follows the paper's slides (seed 000: block-local kernels "exceed 1 TFLOP" on a
@@ -139,10 +152,27 @@ def validate_machine(data: Any, source: str = "description") -> dict[str, Any]:
         if k not in EFFICIENCY_KEYS:
             raise MachineError(f"machine {source}: unknown key overhead_by_op_s.{k} (allowed: {', '.join(EFFICIENCY_KEYS)})")
         _positive(source, f"overhead_by_op_s.{k}", v)
+    if "load" in data:
+        _check_load(source, data["load"])
     out = json.loads(json.dumps(data))  # a deep copy: presets stay untouched
     out["device"]["cores"] = int(dev["cores"])
     out["device"]["devices_per_node"] = int(dev["devices_per_node"])
     return out
+
+
+def _check_load(source: str, load: Any) -> None:
+    """``load``: an object of :data:`LOAD_KEYS` (any may be missing), numbers >= 0 or null, ``host`` a string."""
+    if not isinstance(load, dict):
+        raise MachineError(f"machine {source}: load must be an object with keys {', '.join(LOAD_KEYS)}")
+    extra = sorted(set(load) - set(LOAD_KEYS))
+    if extra:
+        raise MachineError(f"machine {source}: unknown key load.{extra[0]} (allowed: {', '.join(LOAD_KEYS)})")
+    for k, v in load.items():
+        ok = isinstance(v, str) if k == "host" else (
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0)
+        if v is not None and not ok:
+            raise MachineError(f"machine {source}: load.{k} = {v!r}: must be "
+                               + ("a string" if k == "host" else "a number >= 0") + " or null")
 
 
 def load_machine(name_or_path: str | Path | dict) -> dict[str, Any]:
@@ -223,3 +253,38 @@ def message_seconds(machine: dict[str, Any], messages: float, nbytes: float) -> 
     """``messages * alpha + bytes * beta`` on the link."""
     link = machine["link"]
     return messages * link["alpha_s"] + nbytes * link["beta_s_per_byte"]
+
+
+_NOW: dict[tuple, tuple[float, float | None]] = {}  # (pids, cpus) -> (when measured, other busy cores)
+
+
+def load_now(pids=None, cpus=None) -> float | None:
+    """Other busy cores now (:func:`cotsdl.planner.load.measure` over :data:`LOAD_WINDOW`; ``pids``: the
+    job's processes, default this one), measured once a minute at most: several machines share it."""
+    from . import load  # noqa: PLC0415
+
+    key = (tuple(sorted(pids)) if pids else None, tuple(sorted(cpus)) if cpus else None)
+    when, value = _NOW.get(key, (-math.inf, None))
+    if time.monotonic() - when > 60:
+        value = load.measure(LOAD_WINDOW, pids, cpus)
+        _NOW[key] = (time.monotonic(), value)
+    return value
+
+
+def load_warning(machine: dict[str, Any], now: float | None = None, pids=None, cpus=None) -> str | None:
+    """One line when ``machine`` was calibrated on this host under a load (other busy cores) that differs
+    from the load ``now`` by :data:`LOAD_MARGIN` or more, else None.
+
+    None without a recorded load (presets, older calibration files), for a calibration of another host
+    (its load now is not measurable here) and where the load cannot be read.  ``now`` None: measured
+    (:func:`load_now`, ``pids`` and ``cpus`` as there), only when there is something to compare.
+    """
+    rec = machine.get("load") or {}
+    then = rec.get("other_busy_cores")
+    if then is None or rec.get("host") not in (None, socket.gethostname()):
+        return None
+    now = load_now(pids, cpus) if now is None else now
+    if now is None or abs(now - then) < LOAD_MARGIN:
+        return None
+    return (f"warning: machine {machine['name']} was calibrated with {then:.1f} other busy cores, now {now:.1f}: "
+            "predictions may be off; recalibrate under the load you will run with (cotsdl bench calibrate)")

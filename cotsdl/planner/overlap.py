@@ -7,13 +7,13 @@ all choose alike.  No MPI: the callers decide on one rank and broadcast.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
 
 from ..nn.network import Network
-from .machine import THIS_FILE, MachineError, default_machine
+from .machine import THIS_FILE, MachineError, default_machine, load_warning
 from .predict import counts_for, predict_step
 
 #: The least predicted gain, as a fraction of the step without overlap, for which "auto" turns
@@ -53,6 +53,16 @@ def model_machine() -> tuple[dict[str, Any] | None, str]:
     except MachineError as e:  # a damaged calibration must not stop a run: the rule decides, and says why
         return None, f"{e}"
     return machine, "" if machine else f"no ./{THIS_FILE}: {CALIBRATE}"
+
+
+def with_load_warning(choice: OverlapChoice, machine: dict[str, Any] | None, pids=None, cpus=None) -> OverlapChoice:
+    """``choice`` with :func:`~cotsdl.planner.machine.load_warning`'s line after its reason when the model
+    decided it and the load the machine was calibrated under differs from the load now (``pids``, ``cpus``:
+    the job's processes and cores on this host, as there)."""
+    if machine is None or choice.seconds_on is None:
+        return choice
+    warning = load_warning(machine, pids=pids, cpus=cpus)
+    return replace(choice, reason=f"{choice.reason}; {warning}") if warning else choice
 
 
 def split_layers(network: Network, batch: int, dims: Sequence[int], stages: Sequence[int],

@@ -184,11 +184,14 @@ class GreedyTrainer:
 
     def _auto_overlap(self, network: Network, batch: int, replicas: int, dtype: np.dtype, tied: bool, slots: int):
         """``overlap="auto"`` on this grid: decided on rank 0 (its machine file, as ``cotsdl plan`` reads
-        it) and broadcast, so that every rank overlaps alike (collective)."""
+        it) and broadcast, so that every rank overlaps alike (collective).  Where the model decides and the
+        load now differs from its calibration's, the reason ends with the warning (rank 0 measures 0.5 s)."""
         from ..array.grid import node_local_size  # noqa: PLC0415
-        from ..planner.overlap import choose_overlap, model_machine  # noqa: PLC0415 - only for "auto"
+        from ..planner import load  # noqa: PLC0415
+        from ..planner.overlap import choose_overlap, model_machine, with_load_warning  # noqa: PLC0415 - "auto" only
 
         per_node = node_local_size(self.world)  # (collective) ranks sharing a node share its cores
+        pids, cpus = load.job_on_host(self.world)  # (collective) the load now is of processes outside the run
         choice, err = None, None
         if self.world.Get_rank() == 0:
             try:
@@ -196,6 +199,7 @@ class GreedyTrainer:
                 choice = choose_overlap(network, batch, self.world.Get_size(), self.decomposition.grid.dims, replicas,
                                         machine, dtype=dtype.name, optimizer_slots=slots, ranks_per_node=per_node,
                                         tied=bool(tied), no_machine=why)
+                choice = with_load_warning(choice, machine, pids, cpus)
             except Exception as e:  # noqa: BLE001 - reported on every rank below
                 err = (f'overlap = "auto": the run planner failed ({type(e).__name__}: {e}); give overlap=True or '
                        'False (parallel.overlap = true or false)')

@@ -48,10 +48,62 @@ def test_quick_writes_a_machine_file_the_planner_loads(quick):
         pytest.skip("cotsdl.planner.machine is not there: checked the schema by hand only")
 
 
+def test_quick_records_the_load_and_the_spread(quick):
+    _, m, path = quick
+    rec = m["load"]
+    assert set(rec) == {"host", "other_busy_cores", "cores_watched", "seconds", "loadavg1"}
+    if rec["other_busy_cores"] is not None:  # None only where /proc cannot be read
+        assert 0.0 <= rec["other_busy_cores"] <= rec["cores_watched"] and rec["seconds"] > 0
+    assert "busy" in m["source"] or "not measured" in m["source"]
+    spread = m["calibration"]["spread"]
+    assert {"peak_flops", "memory_bandwidth", "passes_median", "passes_max"} <= set(spread)
+    assert all(v >= 0 for v in spread.values()) and all(r["spread"] >= 0 for r in m["calibration"]["passes"])
+    if load_machine is not None:
+        assert load_machine(str(path))["load"] == rec
+
+
+def test_interleaved_rounds_take_turns_and_the_median_outvotes_a_burst(monkeypatch):
+    """A fake clock: every call of "a" takes 1 s and of "b" 2 s, except in round 2, when a burst of load
+    from elsewhere makes both take 10 times as long.  Rounds interleave the items, so the burst spoils
+    one round of each, and the median over the rounds is the quiet time."""
+    from cotsdl.bench import calibrate
+
+    clock, calls, burst_round = [0.0], [], [2]
+    monkeypatch.setattr(calibrate.time, "perf_counter", lambda: clock[0])
+
+    def item(name, seconds):
+        def fn():
+            burst = (len(calls) - 2) // 4 == burst_round[0]  # 2 warm-up calls, then 4 calls a round
+            calls.append(name)
+            clock[0] += seconds * (10 if burst else 1)
+        return fn
+
+    fns = {"a": item("a", 1.0), "b": item("b", 2.0)}
+    t = calibrate.interleaved_rounds(fns, 5, calls=2)
+    assert calls[:2] == ["a", "b"] and calls[2:] == ["a", "a", "b", "b"] * 5  # warm-up, then turns
+    assert t["a"] == [1.0, 1.0, 10.0, 1.0, 1.0] and t["b"] == [2.0, 2.0, 20.0, 2.0, 2.0]
+    assert calibrate.robust(t["a"])["value"] == 1.0 and calibrate.robust(t["b"])["value"] == 2.0
+    burst_round[0] = None
+    assert calibrate.interleaved_rounds(fns, 3, seconds=3.5, per_round=min)["a"] == [1.0, 1.0, 1.0]
+
+
+def test_robust_statistic_on_samples_with_outliers():
+    from cotsdl.bench.calibrate import robust, rounds_for
+
+    r = robust([1.0, 1.1, 0.9, 1.0, 50.0, 1.05, 0.95])  # one round hit by a burst of load
+    assert r["value"] == 1.0 and r["rounds"] == 7 and r["q25"] <= 1.0 <= r["q75"]
+    assert r["spread"] == pytest.approx((r["q75"] - r["q25"]) / 1.0) and r["spread"] < 0.2
+    assert robust([2.0, 2.0, 100.0, 200.0, 2.0])["value"] == 2.0  # two bad rounds of five are outvoted
+    assert robust([3.0])["spread"] == 0.0
+    with pytest.raises(ValueError, match="finite"):
+        robust([1.0, float("inf")])
+    assert rounds_for(1) == 3 and rounds_for(5) == 5
+
+
 def test_quick_prints_the_tables(quick):
     out = quick[0].stdout
     for word in ("sgemm", "overhead per op call", "filter_backward_weights", "elementwise", "fit: alpha",
-                 "one rank", "wrote"):
+                 "one rank", "wrote", "interleaved rounds", "spread", "load: "):
         assert word in out, word
 
 
@@ -99,3 +151,16 @@ def test_fit_link_keeps_every_size_within_a_small_factor_across_a_protocol_switc
     ratios = [(a + b * n) / t for n, t in zip(sizes, times)]
     assert a > 0 and b > 0 and all(0.5 <= r <= 2.0 for r in ratios), ratios
     assert max(max(r, 1 / r) for r in ratios) < 1.9
+
+
+def test_the_calibrated_network_is_the_demo():
+    """calibrate.DEMO_STAGES copies jobs/configs/demo.toml's network (an installed package has no jobs/):
+    the efficiencies are written from the case the demo trains, so the copy must not fall behind."""
+    from pathlib import Path
+
+    from cotsdl.bench.calibrate import CASES, demo_network
+    from cotsdl.cli import run
+
+    demo = run.read(Path(__file__).resolve().parents[2] / "jobs/configs/demo.toml")
+    label, shape, batch = CASES[-1]
+    assert demo_network(shape).describe() == demo.network.describe() and batch == demo.data.batch, label

@@ -38,3 +38,26 @@ def test_rank_0s_decision_holds_on_every_rank(comm, monkeypatch):
     else:
         assert "extra calls" in tr.overlap_reason and "machine calls-cost" in tr.overlap_reason
     tr.decomposition.free()
+
+
+def test_the_reason_ends_with_the_load_warning(comm, monkeypatch):
+    """A calibration recorded under a load no machine reaches (1000 other busy cores): wherever the model
+    decides, the reason (the start log's line) ends with the warning; one rank has no model to warn about."""
+    import socket
+
+    here = tempfile.mkdtemp(prefix=f"cotsdl-overlap-load-{comm.Get_rank()}-")
+    loaded = {**CALLS_COST, "load": {"host": socket.gethostname(), "other_busy_cores": 1000.0}}
+    with open(os.path.join(here, "machine.json"), "w") as f:
+        json.dump(loaded, f)
+    monkeypatch.chdir(here)
+    imgs = np.random.default_rng(0).standard_normal((8, 14, 13, 1))
+    tr = GreedyTrainer(Network.from_description(DESC), InMemorySource(imgs), Momentum(0.01), comm=comm, batch=2,
+                       grid=(P, 1), log_every=0, overlap="auto")
+    assert all_same(comm, tr.overlap_reason)
+    if P == 1:
+        assert "warning" not in tr.overlap_reason
+    else:
+        assert "machine calls-cost" in tr.overlap_reason
+        assert "; warning: machine calls-cost was calibrated with 1000.0 other busy cores, now " in tr.overlap_reason
+        assert tr.overlap_reason.endswith("recalibrate under the load you will run with (cotsdl bench calibrate)")
+    tr.decomposition.free()
