@@ -253,7 +253,8 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
         }
         if backend_name == "numpy":  # a whole step of the stage's autoencoder: 5 filter passes and the pool
             runs["train_step"] = (lambda: sparse_ae_loss(x, w, stride=stride, block=sh.block, pool_size=POOL["size"],
-                                                         pool_stride=POOL["stride"], lam=TRAIN_LAM, eps=POOL["eps"]),
+                                                         pool_stride=POOL["stride"], lam=TRAIN_LAM, eps=POOL["eps"],
+                                                         copy=False),
                                   costs.Cost(5 * fc["forward"].flops, 0.0))
         row: dict[str, Any] = {"shape": sh.name, "H": sh.H, "W": sh.H, "C": sh.C, "r": sh.r, "s": sh.s, "K": sh.K,
                                "N": sh.N, "block": list(sh.block), "ops": {}}

@@ -93,11 +93,15 @@ class LocalFilter:
         return ops.local_filter_backward_data(h, ctx.params, self.stride, self.block, input_shape=ctx.window.shape,
                                               workspace=ctx.workspace)
 
-    def weight_grad_local(self, x: np.ndarray, dy: np.ndarray, ctx: Context):
-        """dW on this rank's sites from its input window ``x`` and ``dy`` on its owned output."""
+    def weight_grad_local(self, x: np.ndarray, dy: np.ndarray, ctx: Context, out: Any = None):
+        """dW on this rank's sites from its input window ``x`` and ``dy`` on its owned output (into ``out``)."""
         if ctx.out.is_empty:
-            return _zeros(dy, ctx.params.shape)
-        return ops.local_filter_backward_weights(x, dy, self.size, self.stride, self.block, workspace=ctx.workspace)
+            if out is None:
+                return _zeros(dy, ctx.params.shape)
+            out[...] = 0
+            return out
+        return ops.local_filter_backward_weights(x, dy, self.size, self.stride, self.block, workspace=ctx.workspace,
+                                                 out=out)
 
     def backward_local(self, dy: np.ndarray, x: np.ndarray, y: np.ndarray, cache, ctx: Context,
                        input_grad: bool = True):

@@ -83,6 +83,7 @@ class NetworkPlan:
         # Each layer's scratch (gathers, per-chunk products) kept from step to step: without it a
         # script pays page faults on them every step unless the process's allocator was tuned.
         self.workspaces = {lp.index: ops.Workspace() for lp in self.layers}
+        self._buffers: dict[Any, Any] = {}
 
     # -- parameters -----------------------------------------------------------
     def init_params(self, seed: int = 0, norms: Sequence[float | None] | None = None) -> dict[int, np.ndarray]:
@@ -113,6 +114,15 @@ class NetworkPlan:
     def _allreduce(self, a: Any) -> Any:
         # LCN's per-image sums over the model group (N numbers)
         return allreduce(self.grid.comm, backend.array_module(a).ascontiguousarray(a))
+
+    def buffer(self, name: Any, like: Any) -> Any:
+        """A persistent array shaped and typed as ``like`` (same array library), kept under ``name``:
+        the same memory every step, for results the caller consumes before asking again."""
+        xp = backend.array_module(like)
+        buf = self._buffers.get(name)
+        if buf is None or buf.shape != like.shape or buf.dtype != like.dtype or backend.array_module(buf) is not xp:
+            buf = self._buffers[name] = xp.empty(like.shape, like.dtype)
+        return buf
 
     def context(self, lp: LayerPlan, params: dict[int, np.ndarray] | None) -> Context:
         """The boxes, group reduction and weights a layer computes with on this rank."""
@@ -191,12 +201,15 @@ class NetworkPlan:
         y[out.slices_in(lp.out)] = part
 
     def backward(self, dy: DistArray, tape: Tape, params: dict[int, np.ndarray], *, input_grad: bool = True,
-                 meanwhile: Callable[[], Any] | None = None) -> tuple[DistArray | None, dict[int, np.ndarray]]:
+                 meanwhile: Callable[[], Any] | None = None,
+                 grads_into: dict[int, Any] | None = None) -> tuple[DistArray | None, dict[int, np.ndarray]]:
         """Gradients w.r.t. the tape's input (owned layout) and the weights, from dy on the owned output.
 
         ``input_grad=False`` stops at the weights of the tape's first layer (no input gradient
         is computed or exchanged; None is returned for it).  ``meanwhile`` (other work that
         does not touch these arrays) runs while the last input gradient travels, with overlap.
+        ``grads_into``: arrays (by layer index) the weight gradients are written into, e.g.
+        :meth:`buffer`'s, kept from step to step instead of allocated and page-faulted each time.
         """
         grads: dict[int, np.ndarray] = {}
         cur = dy
@@ -205,12 +218,14 @@ class NetworkPlan:
             need = input_grad or i > tape.first
             extra = meanwhile if i == tape.first else None
             ctx = self.context(lp, params)
-            if need and lp.layer.kind == "filter":
-                # the weight gradient is computed while the input gradient travels to its owners
-                owners, pending = self._start_sum_window(lp, lp.layer.adjoint_local(cur.data, ctx))
-                if not self.overlap:
-                    pending.wait()
-                grads[i] = lp.layer.weight_grad_local(tape.inputs[k], cur.data, ctx)
+            if lp.layer.kind == "filter":
+                owners = pending = None
+                if need:  # the weight gradient is computed while the input gradient travels to its owners
+                    owners, pending = self._start_sum_window(lp, lp.layer.adjoint_local(cur.data, ctx))
+                    if not self.overlap:
+                        pending.wait()
+                grads[i] = lp.layer.weight_grad_local(tape.inputs[k], cur.data, ctx,
+                                                      out=None if grads_into is None else grads_into.get(i))
                 cur = self._join(pending, extra, owners)
                 continue
             dx, dw = lp.layer.backward_local(cur.data, tape.inputs[k], tape.outputs[k], tape.caches[k], ctx,

@@ -32,6 +32,16 @@ def same_dtype(**arrays: Any) -> np.dtype:
     return next(iter(dtypes.values()))
 
 
+def out_array(out: Any, shape: Sequence[int], dtype: Any) -> None:
+    """``out`` (when given) is a C-contiguous array of ``shape`` and ``dtype`` to write a result into."""
+    if out is None:
+        return
+    if tuple(getattr(out, "shape", ())) != tuple(shape) or np.dtype(getattr(out, "dtype", None)) != np.dtype(dtype) \
+            or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous {np.dtype(dtype)} array of shape {tuple(shape)}, got "
+                         f"{getattr(out, 'dtype', None)} {tuple(getattr(out, 'shape', ()))}")
+
+
 def fits(name: str, extent: Sequence[int], window: Sequence[int]) -> None:
     """``window`` fits inside the spatial ``extent``."""
     if any(e < w for e, w in zip(extent, window)):

@@ -65,7 +65,11 @@ class StageObjective:
             raise ValueError(f"stage {stage}: the pool eps must be > 0 for training, got {eps}")
 
     def value_and_grad(self, x: DistArray, w: Any, w_dec: Any | None = None):
-        """(LossParts, dJ/dw local[, dJ/dw' local]) on this rank's sites."""
+        """(LossParts, dJ/dw local[, dJ/dw' local]) on this rank's sites.
+
+        The gradients are the plan's buffers (:meth:`~cotsdl.nn.plan.NetworkPlan.buffer`): valid
+        until the next call on the same plan; copy them to keep them longer.
+        """
         plan, f, p, dt = self.plan, self.f, self.p, self.plan.dtype
         xp = backend.array_module(x.data)
         N = plan.batch
@@ -89,14 +93,20 @@ class StageObjective:
                                                                                          dt.type(self.lam / N), dt))
         dec_grads: dict[int, Any] = {}
 
+        # The gradients go into the plan's buffers (the same memory every step): the caller uses them
+        # before the next call.  Fresh ones cost the paper's layer 0.8 GB of page faults each.
+        into_dec = {f: plan.buffer(("objective", f, "dw_dec"), dec)}
+
         def decoder_grad() -> None:  # dW_F(dx_hat, h), while the sparsity gradient travels
-            dec_grads.update(plan.backward(h, dec_tape, {f: dec}, input_grad=False)[1])
+            dec_grads.update(plan.backward(h, dec_tape, {f: dec}, input_grad=False, grads_into=into_dec)[1])
 
         dh_sparsity, _ = plan.backward(dp, pool_tape, {}, meanwhile=decoder_grad)  # P^T(lam / N)
         dh.data += dh_sparsity.data
-        _, enc_grads = plan.backward(dh, enc, {f: w}, input_grad=False)  # dW_F(x, dh)
+        _, enc_grads = plan.backward(dh, enc, {f: w}, input_grad=False,
+                                     grads_into={f: plan.buffer(("objective", f, "dw"), w)})  # dW_F(x, dh)
         if w_dec is None:
-            return parts, enc_grads[f] + dec_grads[f]
+            enc_grads[f] += dec_grads[f]
+            return parts, enc_grads[f]
         return parts, enc_grads[f], dec_grads[f]
 
 
@@ -110,11 +120,13 @@ def _one_process_plan(in_shape: tuple[int, ...], size: tuple[int, int], stride: 
     return NetworkPlan(Network(in_shape[:3], [stage]), grid, in_shape[3], np.dtype(dtype))
 
 
-def sparse_ae_loss(x, w, *, stride, block=(1, 1), pool_size, pool_stride, lam, eps, w_dec=None):
+def sparse_ae_loss(x, w, *, stride, block=(1, 1), pool_size, pool_stride, lam, eps, w_dec=None, copy=True):
     """J and dJ/dw for one process (tied weights; with ``w_dec``, untied: returns (J, dw, dw_dec)).
 
     ``x`` is (H, W, C, N); ``w`` the filter weights (SH, SW, M, rh, rw, C).  It is the
-    1x1-grid case of :class:`StageObjective`: the same code on a one-rank plan.
+    1x1-grid case of :class:`StageObjective`: the same code on a one-rank plan (cached per
+    shape).  ``copy=False`` returns that plan's gradient buffers instead of copies: no
+    allocation per call, but the next call with the same shapes overwrites them.
     """
     if not float(eps) > 0:
         raise ValueError(f"eps must be > 0 (it keeps the pooled sparsity differentiable), got {eps!r}")
@@ -124,4 +136,4 @@ def sparse_ae_loss(x, w, *, stride, block=(1, 1), pool_size, pool_stride, lam, e
                              pair("pool_stride", pool_stride), float(eps), np.dtype(x.dtype).name)
     xin = plan.input_array(backend.array_module(x).ascontiguousarray(x))
     out = StageObjective(plan, 0, lam).value_and_grad(xin, w, w_dec)
-    return (out[0].total,) + tuple(out[1:])
+    return (out[0].total,) + tuple(g.copy() if copy else g for g in out[1:])

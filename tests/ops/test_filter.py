@@ -126,3 +126,17 @@ def test_a_workspace_serves_calls_of_any_shape():
                 finally:
                     ops.set_num_threads(None)
     assert ws.nbytes > 0
+
+
+def test_weight_gradient_into_a_kept_buffer():
+    x, w, size, stride, block = make(CASES[2], np.float32, seed=11)
+    dy = ops.local_filter(x, w, stride, block)
+    want = ops.local_filter_backward_weights(x, dy, size, stride, block)
+    buf = np.full(w.shape, np.nan, np.float32)
+    got = ops.local_filter_backward_weights(x, dy, size, stride, block, out=buf)
+    assert got is buf
+    np.testing.assert_array_equal(buf, want)
+    for bad in (np.empty(w.shape, np.float64), np.empty(w.shape[:-1], np.float32),
+                np.empty(w.shape[::-1], np.float32).T):
+        with pytest.raises(ValueError, match="out must be a C-contiguous float32 array of shape"):
+            ops.local_filter_backward_weights(x, dy, size, stride, block, out=bad)

@@ -90,3 +90,16 @@ def test_float32_stays_float32_and_eps_must_be_positive():
     assert dw.dtype == np.float32 and np.isfinite(J)
     with pytest.raises(ValueError, match="eps must be > 0"):
         sparse_ae_loss(x, w, **{**kw, "eps": 0.0})
+
+
+def test_gradients_are_copies_unless_asked_for_the_buffers():
+    """copy=False gives the cached plan's buffers (no allocation per call), overwritten by the next call;
+    the default gives arrays of the caller's own, untouched by later calls."""
+    x, w, kw = make(CASES[0], seed=5)
+    _, mine = sparse_ae_loss(x, w, **kw)
+    kept = mine.copy()
+    _, b1 = sparse_ae_loss(x, w, copy=False, **kw)
+    _, b2 = sparse_ae_loss(x * 2, w, copy=False, **kw)
+    assert b1 is b2 and b1 is not mine
+    np.testing.assert_array_equal(mine, kept)
+    np.testing.assert_array_equal(sparse_ae_loss(x, w, **kw)[1], kept)

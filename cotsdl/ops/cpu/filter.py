@@ -147,7 +147,8 @@ def filter_backward_data(dy: np.ndarray, w: np.ndarray, stride: tuple[int, int],
 
 
 def filter_backward_weights(x: np.ndarray, dy: np.ndarray, size: tuple[int, int], stride: tuple[int, int],
-                            block: tuple[int, int], workspace: Workspace | None = None) -> np.ndarray:
+                            block: tuple[int, int], workspace: Workspace | None = None,
+                            out: np.ndarray | None = None) -> np.ndarray:
     H, W, C, N = x.shape
     rh, rw = size
     SH, SW, K = check_backward_weights(x.shape, dy.shape, size, stride, block)
@@ -156,7 +157,7 @@ def filter_backward_weights(x: np.ndarray, dy: np.ndarray, size: tuple[int, int]
     dy = np.ascontiguousarray(dy)
     ws = _workspace(workspace)
     p6 = _patches(x, size, stride, (SH, SW))
-    dw = np.empty((SH * SW, M, R), x.dtype)
+    dw = np.empty((SH * SW, M, R), x.dtype) if out is None else out.reshape(SH * SW, M, R)
 
     def work(i0: int, i1: int) -> None:
         # dW_s = dY_s X_s^T: BLAS reads the gathered X transposed, dw is written once, in place.
@@ -164,4 +165,4 @@ def filter_backward_weights(x: np.ndarray, dy: np.ndarray, size: tuple[int, int]
         np.matmul(_dy_sites(dy, block, i0, i1, ws), X.transpose(0, 2, 1), out=dw[i0 * SW:i1 * SW])
 
     run_ranges(chunk_bounds(SH, SW * R * N * x.dtype.itemsize), work)
-    return dw.reshape(SH, SW, M, rh, rw, C)
+    return dw.reshape(SH, SW, M, rh, rw, C) if out is None else out

@@ -95,7 +95,17 @@ def filter_backward_data(dy: Any, w: Any, stride: tuple[int, int], block: tuple[
 
 
 def filter_backward_weights(x: Any, dy: Any, size: tuple[int, int], stride: tuple[int, int], block: tuple[int, int],
-                            workspace: Any = None) -> Any:
+                            workspace: Any = None, out: Any = None) -> Any:
+    """dw (SH, SW, M, rh, rw, C); copied into ``out`` when given (one interface with the numpy backend)."""
+    dw = _filter_backward_weights(x, dy, size, stride, block)
+    if out is None:
+        return dw
+    out[...] = dw
+    return out
+
+
+def _filter_backward_weights(x: Any, dy: Any, size: tuple[int, int], stride: tuple[int, int],
+                             block: tuple[int, int]) -> Any:
     H, W, C, N = x.shape
     rh, rw = size
     SH, SW, K = check_backward_weights(x.shape, dy.shape, size, stride, block)
