@@ -21,16 +21,21 @@ CALLS_COST = {**PRESETS["gtx680-fdr"], "name": "calls-cost", "overhead_s": 1e-2,
               "link": {"alpha_s": 1e-9, "beta_s_per_byte": 1e-15}}
 
 
-def test_rank_0s_decision_holds_on_every_rank(comm, monkeypatch):
-    """Only rank 0 has a machine file (off); the others alone would follow the rule (on where halos exist)."""
-    here = tempfile.mkdtemp(prefix=f"cotsdl-overlap-{comm.Get_rank()}-")
-    if comm.Get_rank() == 0:
+def _trainer_in(comm, monkeypatch, prefix: str, machine: dict | None) -> GreedyTrainer:
+    """A trainer with overlap="auto", started in a fresh folder holding ``machine`` as machine.json (if any)."""
+    here = tempfile.mkdtemp(prefix=f"{prefix}-{comm.Get_rank()}-")
+    if machine is not None:
         with open(os.path.join(here, "machine.json"), "w") as f:
-            json.dump(CALLS_COST, f)
+            json.dump(machine, f)
     monkeypatch.chdir(here)
     imgs = np.random.default_rng(0).standard_normal((8, 14, 13, 1))
-    tr = GreedyTrainer(Network.from_description(DESC), InMemorySource(imgs), Momentum(0.01), comm=comm, batch=2,
-                       grid=(P, 1), log_every=0, overlap="auto")
+    return GreedyTrainer(Network.from_description(DESC), InMemorySource(imgs), Momentum(0.01), comm=comm, batch=2,
+                         grid=(P, 1), log_every=0, overlap="auto")
+
+
+def test_rank_0s_decision_holds_on_every_rank(comm, monkeypatch):
+    """Only rank 0 has a machine file (off); the others alone would follow the rule (on where halos exist)."""
+    tr = _trainer_in(comm, monkeypatch, "cotsdl-overlap", CALLS_COST if comm.Get_rank() == 0 else None)
     assert all_same(comm, (tr.plan.overlap, tr.overlap_reason))
     assert tr.plan.overlap is False
     if P == 1:
@@ -45,14 +50,8 @@ def test_the_reason_ends_with_the_load_warning(comm, monkeypatch):
     decides, the reason (the start log's line) ends with the warning; one rank has no model to warn about."""
     import socket
 
-    here = tempfile.mkdtemp(prefix=f"cotsdl-overlap-load-{comm.Get_rank()}-")
     loaded = {**CALLS_COST, "load": {"host": socket.gethostname(), "other_busy_cores": 1000.0}}
-    with open(os.path.join(here, "machine.json"), "w") as f:
-        json.dump(loaded, f)
-    monkeypatch.chdir(here)
-    imgs = np.random.default_rng(0).standard_normal((8, 14, 13, 1))
-    tr = GreedyTrainer(Network.from_description(DESC), InMemorySource(imgs), Momentum(0.01), comm=comm, batch=2,
-                       grid=(P, 1), log_every=0, overlap="auto")
+    tr = _trainer_in(comm, monkeypatch, "cotsdl-overlap-load", loaded)
     assert all_same(comm, tr.overlap_reason)
     if P == 1:
         assert "warning" not in tr.overlap_reason
