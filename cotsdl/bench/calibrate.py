@@ -76,6 +76,7 @@ from ..ops import costs
 from ..planner import load
 from .exchange import pingpong
 from .common import wait_idle
+from .sampling import interleaved_rounds, robust, rounds_for  # noqa: F401 - tests reach them here too
 
 # The network of jobs/configs/demo.toml (copied: an installed package has no jobs/ folder).
 DEMO_STAGES = [
@@ -96,53 +97,6 @@ ADAM_WORDS = 7  # Adam reads p, g, m, v and writes p, m, v
 
 def demo_network(input_shape) -> Network:
     return Network.from_description({"input": list(input_shape), "stages": DEMO_STAGES})
-
-
-def rounds_for(repeats: int) -> int:
-    """Rounds of interleaved samples: ``repeats``, at least 3 (a median that can outvote one bad round)."""
-    return max(3, int(repeats))
-
-
-def interleaved_rounds(fns: dict[Any, Callable[[], Any]], rounds: int, calls: int = 1, seconds: float = 0.0,
-                       per_round: Callable[[list[float]], float] = np.median,
-                       sync: Callable[[], Any] | None = None) -> dict[Any, list[float]]:
-    """Per function, one value per round: ``per_round`` of its wall times in that round (the median for
-    typical times, ``min`` for a ceiling).
-
-    Every round calls each function in turn (after one warm-up call each), at least ``calls`` times and
-    for ``seconds``, so that a burst of load from other processes spoils a round of every item alike
-    instead of all the samples of one item (as timing each item in one block did).  :func:`robust` turns
-    the rounds into one number.  ``sync`` (a barrier) ends every call, inside the timing; then every rank
-    must call alike: ``seconds`` must be 0.
-    """
-    if sync is not None and seconds:
-        raise ValueError("interleaved_rounds: with sync every rank must make the same calls: give calls, not seconds")
-    sync = sync or (lambda: None)
-    for fn in fns.values():
-        fn()
-        sync()
-    out: dict[Any, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            times: list[float] = []
-            while len(times) < calls or sum(times) < seconds:
-                t0 = time.perf_counter()
-                fn()
-                sync()
-                times.append(time.perf_counter() - t0)
-            out[name].append(float(per_round(times)))
-    return out
-
-
-def robust(values) -> dict[str, float]:
-    """The median of per-round values (bursts of load that spoil fewer than half the rounds do not move
-    it), its quartiles and ``spread`` = (q75 - q25) / median, the rounds' disagreement."""
-    a = np.asarray(values, float)
-    if a.size == 0 or not np.all(np.isfinite(a)):
-        raise ValueError(f"robust(): need finite samples, got {values!r}")
-    q25, med, q75 = (float(v) for v in np.percentile(a, [25, 50, 75]))
-    return {"value": med, "q25": q25, "q75": q75, "spread": (q75 - q25) / med if med > 0 else 0.0,
-            "rounds": int(a.size)}
 
 
 # -- the device ---------------------------------------------------------------------------

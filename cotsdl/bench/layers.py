@@ -33,6 +33,7 @@ from ..array.rfmap import sites
 from ..ops import costs
 from ..ops.cpu.parallel import chunk_bounds, run_ranges, single_threaded_blas
 from ..train.objective import sparse_ae_loss
+from .sampling import interleaved_best
 from .peers import LCN, POOL, TRAIN_LAM, _agree, peer_callables, peers_importable  # noqa: F401 - _agree: tests
 
 
@@ -113,28 +114,6 @@ def device_ceilings(repeats: int = 5) -> dict[str, float]:
         raise RuntimeError(f"cannot read the GPU's clock rates (peak {peak} GFLOP/s, bandwidth {bw} GB/s)")
     return {"name": name.decode() if isinstance(name, bytes) else str(name), "compute_capability": f"{major}.{minor}",
             "fp32_peak_GFLOPs": peak, "memory_GBps": bw, "cublas_sgemm_GFLOPs": gemm}
-
-def interleaved_best(fns: dict[str, Callable[[], Any]], repeats: int, min_time: float = 0.0,
-                     sync: Callable[[], None] = _no_sync) -> dict[str, float]:
-    """Minimum wall time of each function, timed in rounds that call every one once in turn
-    (after a warm-up call each), so a change of load touches all of them alike.  At least
-    ``repeats`` rounds and ``min_time`` seconds per function."""
-    for fn in fns.values():
-        fn()
-        sync()
-    best = dict.fromkeys(fns, float("inf"))
-    spent = dict.fromkeys(fns, 0.0)
-    rounds = 0
-    while rounds < repeats or min(spent.values()) < min_time:
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            dt = time.perf_counter() - t0
-            best[name], spent[name] = min(best[name], dt), spent[name] + dt
-        rounds += 1
-    return best
-
 
 def matmul_alone(name: str, x: np.ndarray, w: np.ndarray, dy: np.ndarray, sh: Shape) -> Callable[[], None]:
     """The filter pass's batched products alone, on operands already in the GEMM's layout and into a

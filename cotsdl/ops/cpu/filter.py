@@ -33,7 +33,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ..shapes import check_backward_data, check_backward_weights, check_weights
 from .parallel import chunk_bounds, colored_blocks, run_ranges
-from .workspace import Workspace
+from .workspace import Workspace, or_new
 
 
 def _patches(x: np.ndarray, size: tuple[int, int], stride: tuple[int, int], sites: tuple[int, int]) -> np.ndarray:
@@ -71,16 +71,12 @@ def _dy_sites(dy: np.ndarray, block: tuple[int, int], i0: int, i1: int, ws: Work
     return band.reshape(n * (W // bw), bh * bw * K, N)
 
 
-def _workspace(ws: Workspace | None) -> Workspace:
-    return Workspace() if ws is None else ws
-
-
 def filter_forward(x: np.ndarray, w: np.ndarray, stride: tuple[int, int], block: tuple[int, int],
                    workspace: Workspace | None = None) -> np.ndarray:
     SH, SW, M, rh, rw, C, K = check_weights(x.shape, w, stride, block)
     N = x.shape[3]
     R = rh * rw * C
-    ws = _workspace(workspace)
+    ws = or_new(workspace)
     p6 = _patches(x, (rh, rw), stride, (SH, SW))
     wf = w.reshape(SH * SW, M, R)
     y = np.empty((SH * block[0], SW * block[1], K, N), x.dtype)
@@ -121,7 +117,7 @@ def filter_backward_data(dy: np.ndarray, w: np.ndarray, stride: tuple[int, int],
     N = dy.shape[3]
     SH, SW, M, rh, rw, C, K = check_backward_data(dy.shape, w, stride, block, input_shape)
     dy = np.ascontiguousarray(dy)
-    ws = _workspace(workspace)
+    ws = or_new(workspace)
     R = rh * rw * C
     wt = w.reshape(SH * SW, M, R).transpose(0, 2, 1)
     sh, sw = stride
@@ -155,7 +151,7 @@ def filter_backward_weights(x: np.ndarray, dy: np.ndarray, size: tuple[int, int]
     bh, bw = block
     M, R = bh * bw * K, rh * rw * C
     dy = np.ascontiguousarray(dy)
-    ws = _workspace(workspace)
+    ws = or_new(workspace)
     p6 = _patches(x, size, stride, (SH, SW))
     dw = np.empty((SH * SW, M, R), x.dtype) if out is None else out.reshape(SH * SW, M, R)
 

@@ -14,14 +14,14 @@ import numpy as np
 
 from ..shapes import window_sites
 from .parallel import row_bands, run_ranges
-from .workspace import Workspace
+from .workspace import Workspace, or_new
 
 
 def pool_forward(x: np.ndarray, size, stride, eps: float, workspace: Workspace | None = None) -> np.ndarray:
     (ph, pw), (qh, qw) = size, stride
     PH, PW = window_sites(x.shape[:2], size, stride)
     H, W, C, N = x.shape
-    ws = Workspace() if workspace is None else workspace
+    ws = or_new(workspace)
     y = np.empty((PH, PW, C, N), x.dtype)
     e = x.dtype.type(eps)
 
@@ -58,7 +58,7 @@ def pool_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray, size, stride,
     (ph, pw), (qh, qw) = size, stride
     PH, PW = y.shape[:2]
     H, W, C, N = x.shape
-    ws = Workspace() if workspace is None else workspace
+    ws = or_new(workspace)
     g = np.zeros_like(y)
     dx = np.empty_like(x)
 

@@ -47,3 +47,8 @@ class Workspace:
     def clear(self) -> None:
         """Give every buffer back."""
         self._bufs.clear()
+
+
+def or_new(ws: Workspace | None) -> Workspace:
+    """``ws``, or a workspace for this call only (scratch still reused across its chunks)."""
+    return Workspace() if ws is None else ws
