@@ -26,15 +26,18 @@ _IGNORED = ("-arch", "--gpu-architecture", "--use_fast_math", "-use_fast_math", 
 
 
 def cache_dir() -> Path:
-    """Where built modules live: ``COTSDL_EMU_CACHE``, else ``$COTSDL_KERNEL_CACHE/cudaemu``,
-    else ``$XDG_CACHE_HOME/cotsdl/cudaemu``."""
+    """Where built modules live: ``COTSDL_EMU_CACHE``, else :func:`kernel_cache` ``("cudaemu")``."""
     env = os.environ.get("COTSDL_EMU_CACHE")
-    if env:
-        return Path(env)
+    return Path(env) if env else kernel_cache("cudaemu")
+
+
+def kernel_cache(kind: str) -> Path:
+    """The folder of built libraries of one kind: ``$COTSDL_KERNEL_CACHE/<kind>``, else
+    ``$XDG_CACHE_HOME/cotsdl/<kind>`` (``~/.cache`` without XDG)."""
     if os.environ.get("COTSDL_KERNEL_CACHE"):
-        return Path(os.environ["COTSDL_KERNEL_CACHE"]) / "cudaemu"
+        return Path(os.environ["COTSDL_KERNEL_CACHE"]) / kind
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "cotsdl" / "cudaemu"
+    return Path(base) / "cotsdl" / kind
 
 
 def compiler() -> str:

@@ -29,6 +29,7 @@ import numpy as np
 from .. import backend
 from ..array.box import Box, grow
 from ._dispatch import implementation
+from .cpu import native
 from .cpu.parallel import row_bands, run_ranges
 from .cpu.workspace import Workspace
 
@@ -101,6 +102,20 @@ def _rows(xp, n: int, bytes_per_row: int, fn: Callable[[int, int], None]) -> Non
         fn(0, n)
 
 
+def _fused(xp, name: str, *arrays: np.ndarray) -> Callable[..., None] | None:
+    """On the numpy backend, the native kernel ``name`` (:mod:`~cotsdl.ops.cpu.native`: the same
+    bits as the numpy steps, in one memory pass); None when the kernels are off, on a device, or
+    when one of ``arrays`` is not laid out for it (inner axes contiguous): then numpy runs."""
+    if xp is not np or any(_st(a) is None for a in arrays):
+        return None
+    return native.kernel(name, arrays[0].dtype)
+
+
+def _st(a: np.ndarray) -> tuple[int, int] | None:
+    """Element strides of the two spatial axes, when the rest (channels, images) is contiguous."""
+    return native.strides(a, a.ndim - 2)
+
+
 def _scratch(ws: Workspace | None, xp, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
     return ws.get(name, shape, dtype) if ws is not None and xp is np else xp.empty(shape, dtype)
 
@@ -130,7 +145,12 @@ def forward_local(x: np.ndarray, x_box: Box, out: Box, image_hw: tuple[int, int]
         xp.sum(x[a:b], axis=2, out=mean[a:b])
         xp.multiply(mean[a:b], inv_c, out=mean[a:b])
 
-    _rows(xp, x.shape[0], row, channel_mean)
+    fused = _fused(xp, "channel_mean", x, mean)
+    if fused is not None:
+        W = x.shape[1]
+        _rows(xp, x.shape[0], row, lambda a, b: fused(x, *_st(x), W, C, N, inv_c, mean, *_st(mean), a, b))
+    else:
+        _rows(xp, x.shape[0], row, channel_mean)
     mu1 = smooth(mean, x_box, r1, image, g1)
     xr = x[r1.slices_in(x_box)]
     v1 = xp.empty(r1.shape + (C, N), x.dtype)
@@ -143,7 +163,13 @@ def forward_local(x: np.ndarray, x_box: Box, out: Box, image_hw: tuple[int, int]
         xp.sum(sq, axis=2, out=q1[a:b])
         xp.multiply(q1[a:b], inv_c, out=q1[a:b])
 
-    _rows(xp, r1.shape[0], row, centre)
+    fused = _fused(xp, "centre", xr, mu1, v1, q1)
+    if fused is not None:
+        W1 = r1.shape[1]
+        _rows(xp, r1.shape[0], row, lambda a, b: fused(xr, *_st(xr), mu1, *_st(mu1), W1, C, N, inv_c,
+                                                        v1, *_st(v1), q1, *_st(q1), a, b))
+    else:
+        _rows(xp, r1.shape[0], row, centre)
     s = xp.sqrt(smooth(q1, r1, out, image, g1))
     total = s.sum(axis=(0, 1))
     if allreduce is not None:
@@ -152,7 +178,12 @@ def forward_local(x: np.ndarray, x_box: Box, out: Box, image_hw: tuple[int, int]
     d = xp.maximum(xp.maximum(s, m), x.dtype.type(eps))
     v0 = v1[out.slices_in(r1)]
     y = xp.empty(out.shape + (C, N), x.dtype)
-    _rows(xp, out.shape[0], row, lambda a, b: xp.divide(v0[a:b], d[a:b, :, None, :], out=y[a:b]))
+    fused = _fused(xp, "divide", v0, d, y)
+    if fused is not None:
+        Wo = out.shape[1]
+        _rows(xp, out.shape[0], row, lambda a, b: fused(v0, *_st(v0), d, *_st(d), Wo, C, N, y, *_st(y), a, b))
+    else:
+        _rows(xp, out.shape[0], row, lambda a, b: xp.divide(v0[a:b], d[a:b, :, None, :], out=y[a:b]))
     return y, LCNCache(x_box, out, r1, image, g1, v1, s, m, d, eps, workspace)
 
 
@@ -172,7 +203,12 @@ def backward_local(dy: np.ndarray, cache: LCNCache, allreduce: Reduce | None = N
         xp.multiply(dy[a:b], v0[a:b], out=prod)
         xp.sum(prod, axis=2, out=dd[a:b])
 
-    _rows(xp, c.out.shape[0], row, dot)
+    fused = _fused(xp, "channel_dot", dy, v0, dd)
+    if fused is not None:
+        Wo = c.out.shape[1]
+        _rows(xp, c.out.shape[0], row, lambda a, b: fused(dy, *_st(dy), v0, *_st(v0), Wo, C, N, dd, *_st(dd), a, b))
+    else:
+        _rows(xp, c.out.shape[0], row, dot)
     dd = -dd / (c.d * c.d)
     s_wins = (c.s >= c.m) & (c.s >= dt(c.eps))
     m_wins = ~s_wins & (c.m >= dt(c.eps))
@@ -204,7 +240,19 @@ def backward_local(dy: np.ndarray, cache: LCNCache, allreduce: Reduce | None = N
         xp.sum(t, axis=2, out=dmu1[a:b])
         xp.negative(dmu1[a:b], out=dmu1[a:b])
 
-    _rows(xp, c.r1.shape[0], row, spread)
+    fused = _fused(xp, "lcn_spread", c.v1, dq1, dy, c.d, dv1, dmu1)
+    if fused is not None:
+        oh, ow, W1 = c.out.shape[0], c.out.shape[1], c.r1.shape[1]
+        _rows(xp, c.r1.shape[0], row, lambda a, b: fused(
+            c.v1, *_st(c.v1), dq1, *_st(dq1), dy, *_st(dy), c.d, *_st(c.d), o_rows.start, o_cols.start, oh, ow,
+            W1, C, N, scale, dv1, *_st(dv1), dmu1, *_st(dmu1), a, b))
+    else:
+        _rows(xp, c.r1.shape[0], row, spread)
     back = smooth_adjoint(dmu1, c.r1, c.x_box, c.image, c.g1) * inv_c
-    _rows(xp, dx.shape[0], row, lambda a, b: xp.add(dx[a:b], back[a:b, :, None, :], out=dx[a:b]))
+    fused = _fused(xp, "add_channels", dx, back)
+    if fused is not None:
+        Wx = dx.shape[1]
+        _rows(xp, dx.shape[0], row, lambda a, b: fused(dx, *_st(dx), back, *_st(back), Wx, C, N, a, b))
+    else:
+        _rows(xp, dx.shape[0], row, lambda a, b: xp.add(dx[a:b], back[a:b, :, None, :], out=dx[a:b]))
     return dx

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from .. import __version__
+from ..cudaemu.build import kernel_cache
 from . import nvrtc
 
 DEFAULT_ARCHS = ("sm_70", "sm_80", "sm_90")  # V100, A100, H100: what must always pass
@@ -156,10 +157,7 @@ def format_table(records: list[dict]) -> str:
 
 def cache_dir() -> Path:
     """Where compile results are kept: ``$COTSDL_KERNEL_CACHE/nvrtc``, else ``$XDG_CACHE_HOME/cotsdl/nvrtc``."""
-    if os.environ.get("COTSDL_KERNEL_CACHE"):
-        return Path(os.environ["COTSDL_KERNEL_CACHE"]) / "nvrtc"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "cotsdl" / "nvrtc"
+    return kernel_cache("nvrtc")
 
 
 def _compile(nv: nvrtc.NVRTC, text: str, src: Path, arch: str, opts: list[str], cache: bool) -> nvrtc.CompileResult:

@@ -1,0 +1,177 @@
+"""Native kernels of the numpy backend: pooling's and LCN's element-wise passes, fused in C++.
+
+numpy makes one memory pass per operation (five for a pooling forward, about seven
+for an LCN); ``kernels.cpp`` reads and writes each array once per pass, over the
+same row bands and thread pool as the numpy code, and gives the same bits (same
+summation order, no FMA contraction).  The numpy path stays, and is what runs when
+the kernels are off:
+
+``COTSDL_NATIVE``
+    ``auto`` (default): built on first use with the C++ compiler (``CXX``, else
+    ``g++``/``c++``) and used; if that fails, one warning and the numpy path.
+    ``0``: never.  ``1``: required (a failed build raises).
+
+The library is cached under :func:`~cotsdl.cudaemu.build.kernel_cache` ``("native")``,
+keyed by the source, flags, compiler and this CPU's instruction sets (it is built
+with ``-march=native``, so a login node and a compute node of another CPU build their
+own).  Concurrent ranks may build at once: each writes a temporary and renames it.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import subprocess
+import tempfile
+import threading
+import warnings
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ....cudaemu.build import compiler, kernel_cache
+
+SOURCE = Path(__file__).resolve().parent / "kernels.cpp"
+FLAGS = ["-std=c++17", "-O3", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared", "-fvisibility=hidden"]
+_TUNE = [["-march=native"], []]  # tried in order: this CPU's vector units, else the compiler's default
+
+_EXPORT = re.compile(r"COTSDL_EXPORT void cotsdl_(\w+)_##S\(([^)]*)\)")
+
+
+def signatures(source: str) -> dict[str, str]:
+    """Argument kinds of each exported kernel, read from its declaration in ``source``:
+    ``p`` pointer, ``i`` integer (``idx``), ``s`` scalar of the array's dtype (``T``)."""
+    out = {}
+    for name, params in _EXPORT.findall(source):
+        kinds = []
+        for param in " ".join(params.replace("\\", " ").split()).split(","):
+            ctype = param.strip().rsplit(" ", 1)[0]
+            kinds.append("p" if "*" in param else {"idx": "i", "T": "s"}[ctype])
+        out[name] = "".join(kinds)
+    return out
+
+
+_SUFFIX = {np.dtype(np.float32): ("f32", ctypes.c_float), np.dtype(np.float64): ("f64", ctypes.c_double)}
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_failed: str | None = None
+_override: bool | None = None
+_kernels: dict[tuple[str, np.dtype], Callable[..., None]] = {}
+
+
+@lru_cache(maxsize=1)
+def _signatures() -> dict[str, str]:
+    return signatures(SOURCE.read_text())
+
+
+def mode() -> str:
+    """``COTSDL_NATIVE``: ``auto``, ``0`` or ``1``."""
+    value = os.environ.get("COTSDL_NATIVE", "auto").strip().lower() or "auto"
+    if value not in ("auto", "0", "1"):
+        raise ValueError(f"COTSDL_NATIVE must be auto, 0 or 1, got {value!r}")
+    return value
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return os.uname().machine
+
+
+def build() -> Path:
+    """Build (or find in the cache) the kernels' shared library; its path."""
+    cxx = compiler()
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    source = SOURCE.read_text()
+    folder = kernel_cache("native")
+    folder.mkdir(parents=True, exist_ok=True)
+    errors = []
+    for tune in _TUNE:
+        key = hashlib.sha256("\0".join([source, *FLAGS, *tune, version, _cpu_flags()]).encode()).hexdigest()[:24]
+        lib = folder / f"kernels-{key}.so"
+        if lib.exists():
+            return lib
+        with tempfile.TemporaryDirectory(dir=folder, prefix=".build-") as tmp:
+            out = Path(tmp) / "kernels.so"
+            res = subprocess.run([cxx, *FLAGS, *tune, str(SOURCE), "-o", str(out)], capture_output=True, text=True)
+            if res.returncode == 0:
+                os.replace(out, lib)
+                return lib
+            errors.append(f"{' '.join([cxx, *FLAGS, *tune])}: {res.stderr.strip()[:2000]}")
+    raise RuntimeError(f"building {SOURCE} failed:\n" + "\n".join(errors))
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None when they are off (``COTSDL_NATIVE=0``, :func:`use`) or did not build."""
+    global _lib, _failed
+    if _override is False or (_override is None and mode() == "0"):
+        return None
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is None and _failed is None:
+            try:
+                _lib = ctypes.CDLL(str(build()))
+            except (OSError, RuntimeError) as e:
+                _failed = str(e)
+                if mode() != "1":
+                    warnings.warn(f"cotsdl: native CPU kernels unavailable, using the numpy path ({e})",
+                                  RuntimeWarning, stacklevel=2)
+        if _lib is None and mode() == "1":
+            raise RuntimeError(f"COTSDL_NATIVE=1 but the native kernels are unavailable: {_failed}")
+    return _lib
+
+
+def kernel(name: str, dtype) -> Callable[..., None] | None:
+    """``name`` for ``dtype`` as a callable taking arrays (by data pointer), ints and scalars; None if off."""
+    lib = library()
+    dtype = np.dtype(dtype)
+    if lib is None or dtype not in _SUFFIX:
+        return None
+    fn = _kernels.get((name, dtype))
+    if fn is None:
+        suffix, scalar = _SUFFIX[dtype]
+        cfn = getattr(lib, f"cotsdl_{name}_{suffix}")
+        kinds = _signatures()[name]
+        cfn.argtypes = [{"p": ctypes.c_void_p, "i": ctypes.c_long, "s": scalar}[k] for k in kinds]
+        cfn.restype = None
+
+        def fn(*args, _cfn=cfn, _kinds=kinds):
+            if len(args) != len(_kinds):
+                raise TypeError(f"{name}: {len(args)} arguments, expected {len(_kinds)}")
+            _cfn(*[a.ctypes.data if k == "p" and a is not None else a for k, a in zip(_kinds, args)])
+        _kernels[(name, dtype)] = fn
+    return fn
+
+
+def strides(a: np.ndarray, inner: int) -> tuple[int, int] | None:
+    """The element strides of ``a``'s first two axes when its last ``inner`` axes are C-contiguous, else None."""
+    item = a.itemsize
+    expect = item
+    for k in range(a.ndim - 1, a.ndim - 1 - inner, -1):
+        if a.shape[k] > 1 and a.strides[k] != expect:
+            return None
+        expect *= a.shape[k]
+    if a.strides[0] % item or a.strides[1] % item:
+        return None
+    return a.strides[0] // item, a.strides[1] // item
+
+
+@contextmanager
+def use(on: bool | None) -> Iterator[None]:
+    """Native kernels on (True), off (False) or as ``COTSDL_NATIVE`` says (None) inside the block."""
+    global _override
+    saved, _override = _override, on
+    try:
+        yield
+    finally:
+        _override = saved

@@ -1,0 +1,323 @@
+// cotsdl's native CPU kernels: the element-wise passes of L2 pooling and LCN, fused.
+//
+// Layout: the numpy backend's.  A feature map is (rows, cols, L) with L = C*N
+// (pooling, LCN's full-size passes) or N (LCN's smoothed maps, (h, w, N)); the
+// innermost L elements of a pixel are contiguous, the two outer dimensions are
+// strided (strides in elements, so views of a larger window need no copy).
+//
+// Thread map: one call computes one band of output rows [i0, i1); Python runs the
+// bands on its thread pool (ctypes releases the GIL for the call).  No kernel
+// writes outside its band's rows, so bands never race.  The inner loop runs over
+// the L contiguous elements and is what the compiler vectorizes.
+//
+// Numerics: every sum is taken in the same order as the numpy path
+// (ops/cpu/pool.py, ops/lcn.py, ops/cpu/lcn.py) and the build turns off FMA
+// contraction (-ffp-contract=off), so both paths give the same bits; the tests
+// compare them with assert_array_equal.
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+namespace {
+
+using idx = long;
+
+// Pool forward: y[i, j] = sqrt(eps + sum_{p, q} x[i*qh + p, j*qw + q]^2), summed over p
+// first (per input column), then over q, as numpy does.  Each output pixel sums its own
+// window's columns in a buffer of pw * LB elements (L1), a block of LB channels at a
+// time: the input rows stream through once per window row, with no row-sized scratch.
+template <class T>
+void pool_fwd(const T* x, idx sxh, idx sxw, idx L, idx ph, idx pw, idx qh, idx qw, T eps,
+              T* y, idx syh, idx syw, idx PW, idx i0, idx i1) {
+  constexpr idx LB = 512;
+  std::vector<T> cols(static_cast<size_t>(pw * LB));
+  for (idx i = i0; i < i1; ++i)
+    for (idx j = 0; j < PW; ++j)
+      for (idx l0 = 0; l0 < L; l0 += LB) {
+        const idx nl = L - l0 < LB ? L - l0 : LB;
+        const T* xw = x + i * qh * sxh + j * qw * sxw + l0;
+        for (idx q = 0; q < pw; ++q) {
+          T* r = &cols[q * LB];
+          const T* a = xw + q * sxw;
+          for (idx l = 0; l < nl; ++l) r[l] = a[l] * a[l];
+          for (idx p = 1; p < ph; ++p) {
+            const T* b = a + p * sxh;
+            for (idx l = 0; l < nl; ++l) r[l] = r[l] + b[l] * b[l];
+          }
+        }
+        T* out = y + i * syh + j * syw + l0;
+        const T* c0 = &cols[0];
+        if (pw == 1) {
+          for (idx l = 0; l < nl; ++l) out[l] = std::sqrt(c0[l] + eps);
+          continue;
+        }
+        const T* c1 = c0 + LB;
+        if (pw == 2) {
+          for (idx l = 0; l < nl; ++l) out[l] = std::sqrt((c0[l] + c1[l]) + eps);
+          continue;
+        }
+        for (idx l = 0; l < nl; ++l) out[l] = (c0[l] + c1[l]) + eps;
+        for (idx q = 2; q < pw; ++q) {
+          const T* c = c0 + q * LB;
+          for (idx l = 0; l < nl; ++l) out[l] = out[l] + c[l];
+        }
+        for (idx l = 0; l < nl; ++l) out[l] = std::sqrt(out[l]);
+      }
+}
+
+// Pool backward, dx rows [h0, h1): g = dy / y (0 where y <= 0) spread along W over the
+// window columns (q order), then along H over the window rows (p order), times x.
+template <class T>
+void pool_bwd(const T* dy, const T* y, idx sgh, idx sgw, const T* x, idx sxh, idx sxw, idx W, idx L,
+              idx ph, idx pw, idx qh, idx qw, idx PH, idx PW, T* dx, idx sdh, idx sdw, idx h0, idx h1) {
+  idx i_lo = h0 - ph + 1 > 0 ? (h0 - ph + 1 + qh - 1) / qh : 0;
+  idx i_hi = (h1 - 1) / qh + 1;
+  if (i_hi > PH) i_hi = PH;
+  const idx n = i_hi > i_lo ? i_hi - i_lo : 0;
+  std::vector<T> spread(static_cast<size_t>(n * W * L));
+  for (idx i = i_lo; i < i_hi; ++i) {
+    for (idx w = 0; w < W; ++w) {
+      T* s = &spread[((i - i_lo) * W + w) * L];
+      for (idx l = 0; l < L; ++l) s[l] = T(0);
+      for (idx q = 0; q < pw; ++q) {
+        if (w - q < 0 || (w - q) % qw) continue;
+        const idx j = (w - q) / qw;
+        if (j >= PW) continue;
+        const T* a = dy + i * sgh + j * sgw;
+        const T* b = y + i * sgh + j * sgw;
+        for (idx l = 0; l < L; ++l) s[l] = s[l] + (b[l] > T(0) ? a[l] / b[l] : T(0));
+      }
+    }
+  }
+  for (idx h = h0; h < h1; ++h) {
+    for (idx w = 0; w < W; ++w) {
+      T* out = dx + h * sdh + w * sdw;
+      const T* xv = x + h * sxh + w * sxw;
+      for (idx l = 0; l < L; ++l) out[l] = T(0);
+      for (idx p = 0; p < ph; ++p) {
+        if (h - p < 0 || (h - p) % qh) continue;
+        const idx i = (h - p) / qh;
+        if (i < i_lo || i >= i_hi) continue;
+        const T* s = &spread[((i - i_lo) * W + w) * L];
+        for (idx l = 0; l < L; ++l) out[l] = out[l] + s[l];
+      }
+      for (idx l = 0; l < L; ++l) out[l] = out[l] * xv[l];
+    }
+  }
+}
+
+// Separable correlation of a zero-embedded map: for output rows [i0, i1),
+//   tmp[i, j'] = sum_k g[k] U[oi + i + k, oj + j'],  out[i, j] = (sum_k g[k] tmp[i, j + k]) / z[i, j]
+// with U = u inside rows [r0, r1) x cols [c0, c1) of u, 0 elsewhere.  z may be null.
+template <class T>
+void corr2(const T* u, idx suh, idx suw, idx N, idx r0, idx r1, idx c0, idx c1, idx oi, idx oj,
+           const T* g, idx K, const T* z, T* out, idx soh, idx sow, idx ow, idx i0, idx i1) {
+  const idx tw = ow + K - 1;
+  std::vector<T> tmp(static_cast<size_t>(tw * N));
+  for (idx i = i0; i < i1; ++i) {
+    for (idx jj = 0; jj < tw; ++jj) {
+      T* t = &tmp[jj * N];
+      const idx uc = oj + jj;
+      const bool col_in = uc >= c0 && uc < c1;
+      for (idx k = 0; k < K; ++k) {
+        const idx ur = oi + i + k;
+        const T gk = g[k];
+        if (col_in && ur >= r0 && ur < r1) {
+          const T* a = u + ur * suh + uc * suw;
+          if (k == 0) for (idx n = 0; n < N; ++n) t[n] = gk * a[n];
+          else for (idx n = 0; n < N; ++n) t[n] = t[n] + gk * a[n];
+        } else {  // the zero padding, added as numpy adds it (signs of zero included)
+          const T zero = gk * T(0);
+          if (k == 0) for (idx n = 0; n < N; ++n) t[n] = zero;
+          else for (idx n = 0; n < N; ++n) t[n] = t[n] + zero;
+        }
+      }
+    }
+    for (idx j = 0; j < ow; ++j) {
+      T* o = out + i * soh + j * sow;
+      for (idx n = 0; n < N; ++n) o[n] = g[0] * tmp[j * N + n];
+      for (idx k = 1; k < K; ++k) {
+        const T* t = &tmp[(j + k) * N];
+        for (idx n = 0; n < N; ++n) o[n] = o[n] + g[k] * t[n];
+      }
+      if (z) {
+        const T zz = z[i * ow + j];
+        for (idx n = 0; n < N; ++n) o[n] = o[n] / zz;
+      }
+    }
+  }
+}
+
+// The channel sum of a (rows, cols, C, N) band, times s: out[h, w, n] = (sum_c x[h, w, c, n]) * s.
+template <class T>
+void channel_mean(const T* x, idx sxh, idx sxw, idx W, idx C, idx N, T s, T* out, idx soh, idx sow,
+                  idx h0, idx h1) {
+  for (idx h = h0; h < h1; ++h)
+    for (idx w = 0; w < W; ++w) {
+      const T* a = x + h * sxh + w * sxw;
+      T* o = out + h * soh + w * sow;
+      for (idx n = 0; n < N; ++n) o[n] = a[n];
+      for (idx c = 1; c < C; ++c)
+        for (idx n = 0; n < N; ++n) o[n] = o[n] + a[c * N + n];
+      for (idx n = 0; n < N; ++n) o[n] = o[n] * s;
+    }
+}
+
+// LCN's centring: v = x - mu (mu broadcast over channels) and q = (sum_c v^2) * s.
+template <class T>
+void centre(const T* x, idx sxh, idx sxw, const T* mu, idx smh, idx smw, idx W, idx C, idx N, T s,
+            T* v, idx svh, idx svw, T* q, idx sqh, idx sqw, idx h0, idx h1) {
+  for (idx h = h0; h < h1; ++h)
+    for (idx w = 0; w < W; ++w) {
+      const T* a = x + h * sxh + w * sxw;
+      const T* m = mu + h * smh + w * smw;
+      T* vo = v + h * svh + w * svw;
+      T* qo = q + h * sqh + w * sqw;
+      for (idx c = 0; c < C; ++c)
+        for (idx n = 0; n < N; ++n) {
+          const T d = a[c * N + n] - m[n];
+          vo[c * N + n] = d;
+          const T sq = d * d;
+          qo[n] = c ? qo[n] + sq : sq;
+        }
+      for (idx n = 0; n < N; ++n) qo[n] = qo[n] * s;
+    }
+}
+
+// y = v / d, d broadcast over channels.
+template <class T>
+void divide(const T* v, idx svh, idx svw, const T* d, idx sdh, idx sdw, idx W, idx C, idx N,
+            T* y, idx syh, idx syw, idx h0, idx h1) {
+  for (idx h = h0; h < h1; ++h)
+    for (idx w = 0; w < W; ++w) {
+      const T* a = v + h * svh + w * svw;
+      const T* b = d + h * sdh + w * sdw;
+      T* o = y + h * syh + w * syw;
+      for (idx c = 0; c < C; ++c)
+        for (idx n = 0; n < N; ++n) o[c * N + n] = a[c * N + n] / b[n];
+    }
+}
+
+// dd[h, w, n] = sum_c a[h, w, c, n] * b[h, w, c, n].
+template <class T>
+void channel_dot(const T* a, idx sah, idx saw, const T* b, idx sbh, idx sbw, idx W, idx C, idx N,
+                 T* dd, idx sdh, idx sdw, idx h0, idx h1) {
+  for (idx h = h0; h < h1; ++h)
+    for (idx w = 0; w < W; ++w) {
+      const T* x = a + h * sah + w * saw;
+      const T* y = b + h * sbh + w * sbw;
+      T* o = dd + h * sdh + w * sdw;
+      for (idx c = 0; c < C; ++c)
+        for (idx n = 0; n < N; ++n) {
+          const T p = x[c * N + n] * y[c * N + n];
+          o[n] = c ? o[n] + p : p;
+        }
+    }
+}
+
+// LCN backward's spread over r1's rows [h0, h1):
+//   t = (v1 * scale) * dq1  (+ dy / d inside the output box, whose rows/cols in r1 start at
+//   (or0, oc0) and span (oh, ow)),  dmu = -(sum_c t).  t is written into dv.
+template <class T>
+void lcn_spread(const T* v1, idx svh, idx svw, const T* dq1, idx sqh, idx sqw, const T* dy, idx syh, idx syw,
+                const T* d, idx sdh, idx sdw, idx or0, idx oc0, idx oh, idx ow, idx W, idx C, idx N, T scale,
+                T* dv, idx sth, idx stw, T* dmu, idx smh, idx smw, idx h0, idx h1) {
+  for (idx h = h0; h < h1; ++h)
+    for (idx w = 0; w < W; ++w) {
+      const T* a = v1 + h * svh + w * svw;
+      const T* g = dq1 + h * sqh + w * sqw;
+      T* t = dv + h * sth + w * stw;
+      T* m = dmu + h * smh + w * smw;
+      const idx oi = h - or0, oj = w - oc0;
+      const bool inside = oi >= 0 && oi < oh && oj >= 0 && oj < ow;
+      const T* e = inside ? dy + oi * syh + oj * syw : nullptr;
+      const T* f = inside ? d + oi * sdh + oj * sdw : nullptr;
+      for (idx c = 0; c < C; ++c)
+        for (idx n = 0; n < N; ++n) {
+          T r = (a[c * N + n] * scale) * g[n];
+          if (inside) r = r + e[c * N + n] / f[n];
+          t[c * N + n] = r;
+          m[n] = c ? m[n] + r : r;
+        }
+      for (idx n = 0; n < N; ++n) m[n] = -m[n];
+    }
+}
+
+// x[h, w, c, n] += b[h, w, n].
+template <class T>
+void add_channels(T* x, idx sxh, idx sxw, const T* b, idx sbh, idx sbw, idx W, idx C, idx N, idx h0, idx h1) {
+  for (idx h = h0; h < h1; ++h)
+    for (idx w = 0; w < W; ++w) {
+      T* a = x + h * sxh + w * sxw;
+      const T* e = b + h * sbh + w * sbw;
+      for (idx c = 0; c < C; ++c)
+        for (idx n = 0; n < N; ++n) a[c * N + n] = a[c * N + n] + e[n];
+    }
+}
+
+}  // namespace
+
+#define COTSDL_EXPORT extern "C" __attribute__((visibility("default")))
+#define COTSDL_BOTH(X) X(float, f32) X(double, f64)
+
+#define POOL_FWD(T, S)                                                                                        \
+  COTSDL_EXPORT void cotsdl_pool_fwd_##S(const T* x, idx sxh, idx sxw, idx L, idx ph, idx pw, idx qh, idx qw, \
+                                         T eps, T* y, idx syh, idx syw, idx PW, idx i0, idx i1) {             \
+    pool_fwd<T>(x, sxh, sxw, L, ph, pw, qh, qw, eps, y, syh, syw, PW, i0, i1);                                \
+  }
+#define POOL_BWD(T, S)                                                                                          \
+  COTSDL_EXPORT void cotsdl_pool_bwd_##S(const T* dy, const T* y, idx sgh, idx sgw, const T* x, idx sxh,       \
+                                         idx sxw, idx W, idx L, idx ph, idx pw, idx qh, idx qw, idx PH, idx PW, \
+                                         T* dx, idx sdh, idx sdw, idx h0, idx h1) {                            \
+    pool_bwd<T>(dy, y, sgh, sgw, x, sxh, sxw, W, L, ph, pw, qh, qw, PH, PW, dx, sdh, sdw, h0, h1);             \
+  }
+#define CORR2(T, S)                                                                                            \
+  COTSDL_EXPORT void cotsdl_corr2_##S(const T* u, idx suh, idx suw, idx N, idx r0, idx r1, idx c0, idx c1,     \
+                                      idx oi, idx oj, const T* g, idx K, const T* z, T* out, idx soh, idx sow, \
+                                      idx ow, idx i0, idx i1) {                                                \
+    corr2<T>(u, suh, suw, N, r0, r1, c0, c1, oi, oj, g, K, z, out, soh, sow, ow, i0, i1);                      \
+  }
+#define CHANNEL_MEAN(T, S)                                                                                 \
+  COTSDL_EXPORT void cotsdl_channel_mean_##S(const T* x, idx sxh, idx sxw, idx W, idx C, idx N, T s, T* o, \
+                                             idx soh, idx sow, idx h0, idx h1) {                           \
+    channel_mean<T>(x, sxh, sxw, W, C, N, s, o, soh, sow, h0, h1);                                         \
+  }
+#define CENTRE(T, S)                                                                                          \
+  COTSDL_EXPORT void cotsdl_centre_##S(const T* x, idx sxh, idx sxw, const T* mu, idx smh, idx smw, idx W,    \
+                                       idx C, idx N, T s, T* v, idx svh, idx svw, T* q, idx sqh, idx sqw,     \
+                                       idx h0, idx h1) {                                                      \
+    centre<T>(x, sxh, sxw, mu, smh, smw, W, C, N, s, v, svh, svw, q, sqh, sqw, h0, h1);                       \
+  }
+#define DIVIDE(T, S)                                                                                      \
+  COTSDL_EXPORT void cotsdl_divide_##S(const T* v, idx svh, idx svw, const T* d, idx sdh, idx sdw, idx W, \
+                                       idx C, idx N, T* y, idx syh, idx syw, idx h0, idx h1) {            \
+    divide<T>(v, svh, svw, d, sdh, sdw, W, C, N, y, syh, syw, h0, h1);                                    \
+  }
+#define CHANNEL_DOT(T, S)                                                                                      \
+  COTSDL_EXPORT void cotsdl_channel_dot_##S(const T* a, idx sah, idx saw, const T* b, idx sbh, idx sbw, idx W, \
+                                            idx C, idx N, T* dd, idx sdh, idx sdw, idx h0, idx h1) {           \
+    channel_dot<T>(a, sah, saw, b, sbh, sbw, W, C, N, dd, sdh, sdw, h0, h1);                                   \
+  }
+#define LCN_SPREAD(T, S)                                                                                        \
+  COTSDL_EXPORT void cotsdl_lcn_spread_##S(const T* v1, idx svh, idx svw, const T* dq1, idx sqh, idx sqw,       \
+                                           const T* dy, idx syh, idx syw, const T* d, idx sdh, idx sdw,         \
+                                           idx or0, idx oc0, idx oh, idx ow, idx W, idx C, idx N, T scale,      \
+                                           T* dv, idx sth, idx stw, T* dmu, idx smh, idx smw, idx h0, idx h1) { \
+    lcn_spread<T>(v1, svh, svw, dq1, sqh, sqw, dy, syh, syw, d, sdh, sdw, or0, oc0, oh, ow, W, C, N, scale,     \
+                  dv, sth, stw, dmu, smh, smw, h0, h1);                                                         \
+  }
+#define ADD_CHANNELS(T, S)                                                                                     \
+  COTSDL_EXPORT void cotsdl_add_channels_##S(T* x, idx sxh, idx sxw, const T* b, idx sbh, idx sbw, idx W,      \
+                                             idx C, idx N, idx h0, idx h1) {                                   \
+    add_channels<T>(x, sxh, sxw, b, sbh, sbw, W, C, N, h0, h1);                                                \
+  }
+
+COTSDL_BOTH(POOL_FWD)
+COTSDL_BOTH(POOL_BWD)
+COTSDL_BOTH(CORR2)
+COTSDL_BOTH(CHANNEL_MEAN)
+COTSDL_BOTH(CENTRE)
+COTSDL_BOTH(DIVIDE)
+COTSDL_BOTH(CHANNEL_DOT)
+COTSDL_BOTH(LCN_SPREAD)
+COTSDL_BOTH(ADD_CHANNELS)
