@@ -40,14 +40,23 @@ def _sites_order(y: np.ndarray, block: tuple[int, int]) -> np.ndarray:
     return y.reshape(H // bh, bh, W // bw, bw, K, N).transpose(0, 2, 1, 3, 4, 5).reshape(H // bh, W // bw, -1, N)
 
 
-def _agree(got: np.ndarray, want: np.ndarray) -> tuple[bool, float]:
-    """Same function: allclose at float32 accuracy, scaled by the size of the values; and the relative error."""
+#: Passes through a non-differentiable point, and the share of elements allowed to differ there.
+#: LCN's max(s, m, eps): where a pixel's local s and the image mean m agree to float32 rounding,
+#: the two sides may take different branches (both are valid subgradients).  On P-paper one such
+#: pixel changes its 9x9 x C footprint, about 1e-4 of the elements (float64 shows no difference).
+KINKS = {"lcn_backward": 1e-3}
+
+
+def _agree(got: np.ndarray, want: np.ndarray, stray: float = 0.0) -> tuple[bool, float]:
+    """Same function: allclose at float32 accuracy, scaled by the size of the values, on all but a
+    ``stray`` share of the elements; and the relative error over all of them."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     if got.shape != want.shape:
         return False, float("inf")
     scale = float(np.abs(want).max()) or 1.0
     err = float(np.abs(got - want).max()) / scale
-    return bool(np.isfinite(err) and np.allclose(got, want, rtol=1e-3, atol=2e-4 * scale)), err
+    off = np.count_nonzero(~np.isclose(got, want, rtol=1e-3, atol=2e-4 * scale))
+    return bool(np.isfinite(err) and off <= stray * got.size), err
 
 
 def _torch_formulations(sh: Any, data: dict[str, np.ndarray]) -> tuple[dict[str, tuple], Callable] | None:
@@ -226,7 +235,7 @@ def peer_callables(sh, data: dict[str, np.ndarray], ours: dict[str, np.ndarray])
             except Exception as e:  # noqa: BLE001 - a peer that fails is reported, the bench goes on
                 res.setdefault(name, {})[peer] = ({"agrees": False, "error": f"{type(e).__name__}: {e}"[:300]}, None)
                 continue
-            ok, err = _agree(got, _ours_for_peers(name, ours[name], sh.block))
+            ok, err = _agree(got, _ours_for_peers(name, ours[name], sh.block), KINKS.get(name, 0.0))
             call = (lambda fn=fn, args=args: fn(*args)) if ok else None
             res.setdefault(name, {})[peer] = ({"agrees": ok, "max_rel_error": err}, call)
     return res

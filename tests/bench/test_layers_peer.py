@@ -47,6 +47,18 @@ def test_agreement_check_rejects_a_different_function():
     assert not layers._agree(a.reshape(3, 20), a)[0]
 
 
+def test_agreement_allows_a_kink_only_where_named():
+    """A pass through max()'s kink may differ on a few elements (KINKS), never on many."""
+    from cotsdl.bench import peers
+    a = np.random.default_rng(0).standard_normal((100, 100)).astype(np.float32)
+    b = a.copy()
+    b[3, :5] += 1.0  # 5 of 10^4 elements on the other branch
+    assert not layers._agree(b, a)[0]
+    assert layers._agree(b, a, peers.KINKS["lcn_backward"])[0]
+    assert not layers._agree(a * 1.01, a, peers.KINKS["lcn_backward"])[0]
+    assert set(peers.KINKS) == {"lcn_backward"}
+
+
 @pytest.mark.timeout(300)
 def test_peer_flag_without_peers_still_runs(tmp_path):
     """With torch and jax hidden (as in CI), --peer says so and the bench still runs and writes JSON."""
