@@ -22,6 +22,7 @@ differ per backend (``ops/cpu/lcn.py``, ``ops/cuda/lcn.py``), chosen by
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
@@ -30,7 +31,7 @@ from .. import backend
 from ..array.box import Box, grow
 from ._dispatch import implementation
 from .cpu import native
-from .cpu.parallel import row_bands, run_ranges
+from .cpu.parallel import run_bands
 from .cpu.workspace import Workspace
 
 Reduce = Callable[[np.ndarray], np.ndarray]
@@ -51,9 +52,20 @@ def _border_weight(lo: int, hi: int, length: int, g1: np.ndarray) -> np.ndarray:
 
 
 def _renorm(out: Box, image: Box, g1: np.ndarray, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Border weights of the window over ``out``: rows zr, columns zc, and Z = zr zc^T (h, w, 1)."""
-    zr, zc = (_border_weight(out.lo[a], out.hi[a], image.hi[a], g1) for a in (0, 1))
-    return zr, zc, np.outer(zr, zc).astype(dtype)[:, :, None]
+    """Border weights of the window over ``out``: rows zr, columns zc, and Z = zr zc^T (h, w, 1).
+
+    Kept per (box, image, window, dtype): a layer asks for the same few every step (read-only)."""
+    return _renorm_cached(out.lo, out.hi, image.hi, np.asarray(g1, np.float64).tobytes(), np.dtype(dtype).str)
+
+
+@lru_cache(maxsize=256)
+def _renorm_cached(lo, hi, image_hi, g1_bytes: bytes, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    g1 = np.frombuffer(g1_bytes, np.float64)
+    zr, zc = (_border_weight(lo[a], hi[a], image_hi[a], g1) for a in (0, 1))
+    res = zr, zc, np.outer(zr, zc).astype(dtype)[:, :, None]
+    for a in res:
+        a.flags.writeable = False
+    return res
 
 
 def smooth(u: np.ndarray, u_box: Box, out: Box, image: Box, g1: np.ndarray) -> np.ndarray:
@@ -97,7 +109,7 @@ def _rows(xp, n: int, bytes_per_row: int, fn: Callable[[int, int], None]) -> Non
     arrays, else cache-sized ones over the threads: :func:`~cotsdl.ops.cpu.parallel.row_bands`);
     in one call for device arrays."""
     if xp is np:
-        run_ranges(row_bands(n, bytes_per_row), fn)
+        run_bands(n, bytes_per_row, fn)
     elif n:
         fn(0, n)
 

@@ -133,13 +133,21 @@ def test_lcn_banded_and_threaded_is_bitwise_numpy(monkeypatch):
 
 
 def test_mode_values(monkeypatch):
-    monkeypatch.setenv("COTSDL_NATIVE", "0")
-    assert native.library() is None and native.kernel("pool_fwd", np.float32) is None
-    monkeypatch.setenv("COTSDL_NATIVE", "yes")
-    with pytest.raises(ValueError, match="COTSDL_NATIVE must be auto, 0 or 1, got 'yes'"):
-        native.library()
-    monkeypatch.setenv("COTSDL_NATIVE", "auto")
-    assert native.kernel("pool_fwd", np.int32) is None  # numpy handles other dtypes
+    try:
+        monkeypatch.setenv("COTSDL_NATIVE", "0")
+        native.reset()
+        assert native.library() is None and native.kernel("pool_fwd", np.float32) is None
+        monkeypatch.setenv("COTSDL_NATIVE", "yes")
+        native.reset()
+        with pytest.raises(ValueError, match="COTSDL_NATIVE must be auto, 0 or 1, got 'yes'"):
+            native.library()
+        monkeypatch.setenv("COTSDL_NATIVE", "auto")
+        native.reset()
+        assert native.kernel("pool_fwd", np.float32) is not None
+        assert native.kernel("pool_fwd", np.int32) is None  # numpy handles other dtypes
+    finally:
+        monkeypatch.undo()
+        native.reset()
 
 
 @pytest.mark.parametrize("mode", ["auto", "1"])

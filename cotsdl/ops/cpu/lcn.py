@@ -10,7 +10,7 @@ import numpy as np
 
 from ...array.box import Box
 from . import native
-from .parallel import row_bands, run_ranges
+from .parallel import run_bands
 
 
 def _corr(u: np.ndarray, g1: np.ndarray, axis: int, out_len: int) -> np.ndarray:
@@ -47,8 +47,8 @@ def _native_corr(u: np.ndarray, valid: Box, origin: tuple[int, int], g: np.ndarr
     g = np.ascontiguousarray(g, u.dtype)
     zz = None if z is None else np.ascontiguousarray(z.reshape(res.shape[:2]), u.dtype)
     N = res.shape[2]
-    run_ranges(row_bands(res.shape[0], res.shape[1] * N * len(g) * res.itemsize),
-               lambda i0, i1: fused(u, *su, N, r0, r1, c0, c1, *origin, g, len(g), zz, res, *sr, res.shape[1], i0, i1))
+    run_bands(res.shape[0], res.shape[1] * N * len(g) * res.itemsize,
+              lambda i0, i1: fused(u, *su, N, r0, r1, c0, c1, *origin, g, len(g), zz, res, *sr, res.shape[1], i0, i1))
     return True
 
 

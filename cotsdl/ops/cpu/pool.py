@@ -14,7 +14,7 @@ import numpy as np
 
 from ..shapes import window_sites
 from . import native
-from .parallel import row_bands, run_ranges
+from .parallel import run_bands
 from .workspace import Workspace, or_new
 
 
@@ -27,8 +27,8 @@ def pool_forward(x: np.ndarray, size, stride, eps: float, workspace: Workspace |
     fused, sx = native.kernel("pool_fwd", x.dtype), native.strides(x, 2)
     if fused is not None and sx is not None:  # the same sums in one pass (native/kernels.cpp)
         sy = native.strides(y, 2)
-        run_ranges(row_bands(PH, qh * W * C * N * x.itemsize),
-                   lambda i0, i1: fused(x, *sx, C * N, ph, pw, qh, qw, e, y, *sy, PW, i0, i1))
+        run_bands(PH, qh * W * C * N * x.itemsize,
+                  lambda i0, i1: fused(x, *sx, C * N, ph, pw, qh, qw, e, y, *sy, PW, i0, i1))
         return y
     ws = or_new(workspace)
 
@@ -55,7 +55,7 @@ def pool_forward(x: np.ndarray, size, stride, eps: float, workspace: Workspace |
             np.add(acc, cols(q), out=acc)
         np.sqrt(acc, out=acc)
 
-    run_ranges(row_bands(PH, qh * W * C * N * x.itemsize), band)
+    run_bands(PH, qh * W * C * N * x.itemsize, band)
     return y
 
 
@@ -69,8 +69,8 @@ def pool_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray, size, stride,
     fused, sx, sg = native.kernel("pool_bwd", x.dtype), native.strides(x, 2), native.strides(y, 2)
     if fused is not None and sx is not None and sg is not None and native.strides(dy, 2) == sg:
         sd = native.strides(dx, 2)
-        run_ranges(row_bands(H, W * C * N * x.itemsize),
-                   lambda h0, h1: fused(dy, y, *sg, x, *sx, W, C * N, ph, pw, qh, qw, PH, PW, dx, *sd, h0, h1))
+        run_bands(H, W * C * N * x.itemsize,
+                  lambda h0, h1: fused(dy, y, *sg, x, *sx, W, C * N, ph, pw, qh, qw, PH, PW, dx, *sd, h0, h1))
         return dx
     ws = or_new(workspace)
     g = np.zeros_like(y)
@@ -98,6 +98,6 @@ def pool_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray, size, stride,
                 np.add(rows, spread[a - i_lo:b - i_lo], out=rows)
         np.multiply(out, x[h0:h1], out=out)
 
-    run_ranges(row_bands(PH, PW * C * N * y.itemsize), ratio)
-    run_ranges(row_bands(H, W * C * N * x.itemsize), band)
+    run_bands(PH, PW * C * N * y.itemsize, ratio)
+    run_bands(H, W * C * N * x.itemsize, band)
     return dx

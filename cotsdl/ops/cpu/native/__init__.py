@@ -61,6 +61,7 @@ _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _failed: str | None = None
 _override: bool | None = None
+_mode: str | None = None
 _kernels: dict[tuple[str, np.dtype], Callable[..., None]] = {}
 
 
@@ -70,11 +71,20 @@ def _signatures() -> dict[str, str]:
 
 
 def mode() -> str:
-    """``COTSDL_NATIVE``: ``auto``, ``0`` or ``1``."""
-    value = os.environ.get("COTSDL_NATIVE", "auto").strip().lower() or "auto"
-    if value not in ("auto", "0", "1"):
-        raise ValueError(f"COTSDL_NATIVE must be auto, 0 or 1, got {value!r}")
-    return value
+    """``COTSDL_NATIVE``: ``auto``, ``0`` or ``1``, read once per process (:func:`reset` reads it again)."""
+    global _mode
+    if _mode is None:
+        value = os.environ.get("COTSDL_NATIVE", "auto").strip().lower() or "auto"
+        if value not in ("auto", "0", "1"):
+            raise ValueError(f"COTSDL_NATIVE must be auto, 0 or 1, got {value!r}")
+        _mode = value
+    return _mode
+
+
+def reset() -> None:
+    """Read ``COTSDL_NATIVE`` again at the next call (a built library stays loaded)."""
+    global _mode
+    _mode = None
 
 
 def _cpu_flags() -> str:
@@ -133,23 +143,31 @@ def library() -> ctypes.CDLL | None:
 
 def kernel(name: str, dtype) -> Callable[..., None] | None:
     """``name`` for ``dtype`` as a callable taking arrays (by data pointer), ints and scalars; None if off."""
-    lib = library()
+    if _override is False or (_override is None and mode() == "0"):
+        return None
     dtype = np.dtype(dtype)
+    fn = _kernels.get((name, dtype))
+    if fn is not None:
+        return fn
+    lib = library()
     if lib is None or dtype not in _SUFFIX:
         return None
-    fn = _kernels.get((name, dtype))
-    if fn is None:
-        suffix, scalar = _SUFFIX[dtype]
-        cfn = getattr(lib, f"cotsdl_{name}_{suffix}")
-        kinds = _signatures()[name]
-        cfn.argtypes = [{"p": ctypes.c_void_p, "i": ctypes.c_long, "s": scalar}[k] for k in kinds]
-        cfn.restype = None
+    suffix, scalar = _SUFFIX[dtype]
+    cfn = getattr(lib, f"cotsdl_{name}_{suffix}")
+    kinds = _signatures()[name]
+    cfn.argtypes = [{"p": ctypes.c_void_p, "i": ctypes.c_long, "s": scalar}[k] for k in kinds]
+    cfn.restype = None
+    pointers = [i for i, k in enumerate(kinds) if k == "p"]
 
-        def fn(*args, _cfn=cfn, _kinds=kinds):
-            if len(args) != len(_kinds):
-                raise TypeError(f"{name}: {len(args)} arguments, expected {len(_kinds)}")
-            _cfn(*[a.ctypes.data if k == "p" and a is not None else a for k, a in zip(_kinds, args)])
-        _kernels[(name, dtype)] = fn
+    def fn(*args):
+        if len(args) != len(kinds):
+            raise TypeError(f"{name}: {len(args)} arguments, expected {len(kinds)}")
+        args = list(args)
+        for i in pointers:
+            if args[i] is not None:
+                args[i] = args[i].ctypes.data
+        cfn(*args)
+    _kernels[(name, dtype)] = fn
     return fn
 
 
