@@ -99,7 +99,10 @@ def _cpu_flags() -> str:
 
 def build() -> Path:
     """Build (or find in the cache) the kernels' shared library; its path."""
-    cxx = compiler()
+    try:
+        cxx = compiler()
+    except RuntimeError:
+        raise RuntimeError("no C++ compiler (g++ or c++) on PATH; set CXX") from None
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
     source = SOURCE.read_text()
     folder = kernel_cache("native")
@@ -134,7 +137,9 @@ def library() -> ctypes.CDLL | None:
             except (OSError, RuntimeError) as e:
                 _failed = str(e)
                 if mode() != "1":
-                    warnings.warn(f"cotsdl: native CPU kernels unavailable, using the numpy path ({e})",
+                    first = str(e).strip().splitlines()[0][:300]
+                    warnings.warn(f"cotsdl: native CPU kernels unavailable, using the numpy path ({first}; "
+                                  "COTSDL_NATIVE=1 shows the whole error, COTSDL_NATIVE=0 silences this)",
                                   RuntimeWarning, stacklevel=2)
         if _lib is None and mode() == "1":
             raise RuntimeError(f"COTSDL_NATIVE=1 but the native kernels are unavailable: {_failed}")
