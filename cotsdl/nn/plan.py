@@ -15,8 +15,9 @@ operation (:meth:`NetworkPlan.adjoint`), the decoder of an autoencoder.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from .. import backend, ops
@@ -80,9 +81,11 @@ class NetworkPlan:
             self.layers.append(LayerPlan(**{f.name: getattr(lb, f.name) for f in fields(lb)}, exchange=ex, split=split))
         self.output_owned = boxes[-1].out
         self.output_shape = boxes[-1].out_shape
-        # Each layer's scratch (gathers, per-chunk products) kept from step to step: without it a
-        # script pays page faults on them every step unless the process's allocator was tuned.
-        self.workspaces = {lp.index: ops.Workspace() for lp in self.layers}
+        # Each layer's scratch (gathers, per-chunk products) kept from step to step, and inside
+        # step() its results and windows too: without them a script pays page faults on them
+        # every step unless the process's allocator was tuned.
+        self.outputs = ops.Outputs()
+        self.workspaces = {lp.index: ops.Workspace(self.outputs) for lp in self.layers}
         self._buffers: dict[Any, Any] = {}
 
     # -- parameters -----------------------------------------------------------
@@ -124,6 +127,24 @@ class NetworkPlan:
             buf = self._buffers[name] = xp.empty(like.shape, like.dtype)
         return buf
 
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """One training step: inside it, windows, layer results and the sums sent back come from
+        memory lent for the step and taken back when the next ``step()`` begins, the same memory
+        every step (:class:`~cotsdl.ops.Outputs`).  So arrays made inside one step (tapes, outputs,
+        input gradients) are valid until the next step begins; copy what must live longer.
+        Outside a step every array is new.  Nested calls are part of the outer step."""
+        if self.outputs.active:
+            yield
+            return
+        self.outputs.recycle()
+        self.outputs.active = True
+        try:
+            yield
+        finally:
+            self.outputs.active = False
+            self.outputs.release_unused()
+
     def context(self, lp: LayerPlan, params: dict[int, np.ndarray] | None) -> Context:
         """The boxes, group reduction and weights a layer computes with on this rank."""
         return Context(lp.in_shape, lp.window, lp.out, self._allreduce,
@@ -133,7 +154,7 @@ class NetworkPlan:
     def _fill_window(self, lp: LayerPlan, x: DistArray) -> Any:
         """Layer ``lp``'s input window on this rank, filled from the owners of ``x``."""
         xp = backend.array_module(x.data)
-        win = DistArray(x.comm, lp.in_shape, lp.window, data=xp.empty(lp.window.shape, self.dtype))
+        win = DistArray(x.comm, lp.in_shape, lp.window, data=self.outputs.empty(lp.window.shape, self.dtype, xp))
         lp.exchange.exchange(x, win, validate=False)
         return win.data
 
@@ -144,7 +165,8 @@ class NetworkPlan:
         xp = backend.array_module(dwin)
         comm = self.grid.comm
         src = DistArray(comm, lp.in_shape, lp.window, data=dwin.astype(self.dtype, copy=False))
-        owners = DistArray(comm, lp.in_shape, lp.src_owned, lp.src_owned, data=xp.empty(lp.src_owned.shape, self.dtype))
+        owners = DistArray(comm, lp.in_shape, lp.src_owned, lp.src_owned,
+                           data=self.outputs.empty(lp.src_owned.shape, self.dtype, xp))
         return owners, lp.exchange.start_adjoint(src, owners, validate=False)
 
     def _layers(self, start: int, upto: int | None) -> list[LayerPlan]:
@@ -179,9 +201,9 @@ class NetworkPlan:
             xwin = self._fill_window(lp, x)
             return (xwin,) + tuple(lp.layer.forward_local(xwin, self.context(lp, params)))
         xp = backend.array_module(x.data)
-        win = DistArray(x.comm, lp.in_shape, lp.window, data=xp.empty(lp.window.shape, self.dtype))
+        win = DistArray(x.comm, lp.in_shape, lp.window, data=self.outputs.empty(lp.window.shape, self.dtype, xp))
         pending = lp.exchange.start(x, win, validate=False)  # this rank's own part lands at once
-        y = xp.empty(lp.out.shape, self.dtype)
+        y = self.outputs.empty(lp.out.shape, self.dtype, xp)
         inner, strips = lp.split
         self._forward_sites(lp, win.data, y, inner, params)
         pending.wait()

@@ -51,10 +51,11 @@ from . import shapes
 from ._dispatch import implementation
 from .costs import Cost
 from .cpu.parallel import available_cores, num_threads, set_num_threads
-from .cpu.workspace import Workspace
+from .cpu.workspace import Outputs, Workspace
 
 __all__ = ["local_filter", "local_filter_backward_data", "local_filter_backward_weights", "l2_pool",
            "l2_pool_backward", "lcn", "lcn_backward", "lcn_window", "lcn_window_backward", "Cost", "Workspace",
+           "Outputs",
            "available_cores", "num_threads", "set_num_threads"]
 
 

@@ -132,6 +132,11 @@ def _scratch(ws: Workspace | None, xp, name: str, shape: tuple[int, ...], dtype)
     return ws.get(name, shape, dtype) if ws is not None and xp is np else xp.empty(shape, dtype)
 
 
+def _result(ws: Workspace | None, xp, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """An array that outlives the call (the output, the cache): lent by the plan during a step."""
+    return ws.output(shape, dtype) if ws is not None and xp is np else xp.empty(shape, dtype)
+
+
 def forward_local(x: np.ndarray, x_box: Box, out: Box, image_hw: tuple[int, int], size: int, sigma: float,
                   eps: float, allreduce: Reduce | None = None, workspace: Workspace | None = None
                   ) -> tuple[np.ndarray, LCNCache]:
@@ -151,7 +156,7 @@ def forward_local(x: np.ndarray, x_box: Box, out: Box, image_hw: tuple[int, int]
         raise ValueError(f"LCN input window {x_box} does not cover {out} plus its 2*rho={2 * rho} halo")
     inv_c = x.dtype.type(1.0 / C)
     row = x.shape[1] * C * N * x.dtype.itemsize
-    mean = xp.empty(x.shape[:2] + (N,), x.dtype)
+    mean = _scratch(workspace, xp, "lcn.mean", x.shape[:2] + (N,), x.dtype)
 
     def channel_mean(a: int, b: int) -> None:
         xp.sum(x[a:b], axis=2, out=mean[a:b])
@@ -165,7 +170,7 @@ def forward_local(x: np.ndarray, x_box: Box, out: Box, image_hw: tuple[int, int]
         _rows(xp, x.shape[0], row, channel_mean)
     mu1 = smooth(mean, x_box, r1, image, g1)
     xr = x[r1.slices_in(x_box)]
-    v1 = xp.empty(r1.shape + (C, N), x.dtype)
+    v1 = _result(workspace, xp, r1.shape + (C, N), x.dtype)
     q1 = xp.empty(r1.shape + (N,), x.dtype)
 
     def centre(a: int, b: int) -> None:
@@ -189,7 +194,7 @@ def forward_local(x: np.ndarray, x_box: Box, out: Box, image_hw: tuple[int, int]
     m = (total / x.dtype.type(image.size)).astype(x.dtype)
     d = xp.maximum(xp.maximum(s, m), x.dtype.type(eps))
     v0 = v1[out.slices_in(r1)]
-    y = xp.empty(out.shape + (C, N), x.dtype)
+    y = _result(workspace, xp, out.shape + (C, N), x.dtype)
     fused = _fused(xp, "divide", v0, d, y)
     if fused is not None:
         Wo = out.shape[1]
@@ -232,7 +237,8 @@ def backward_local(dy: np.ndarray, cache: LCNCache, allreduce: Reduce | None = N
     with np.errstate(divide="ignore", invalid="ignore"):
         du = xp.where(c.s > 0, ds / (dt(2) * c.s), dt(0))
     dq1 = smooth_adjoint(du, c.out, c.r1, c.image, c.g1)
-    dx = xp.zeros(c.x_box.shape + (C, N), dy.dtype)
+    dx = _result(c.workspace, xp, c.x_box.shape + (C, N), dy.dtype)
+    dx.fill(0)
     dv1 = dx[c.r1.slices_in(c.x_box)]  # dv1 is written in place: dx is zero there before
     dmu1 = xp.empty(c.r1.shape + (N,), dy.dtype)
     o_rows, o_cols = c.out.slices_in(c.r1)

@@ -18,6 +18,11 @@ from ..array.partition import grid_coords
 from ..nn.layout import layout, split_sites
 from ..nn.network import Network
 
+#: Weight-sized work arrays an optimizer's update keeps besides its slots (at most two: Adam's
+#: m_hat and v_hat, AdaGrad's and RMSProp's numerator and denominator; see train/optim.py).
+UPDATE_WORK_ARRAYS = 2
+
+
 def optimizer_slots(opt: dict[str, Any]) -> int:
     """Arrays of optimizer state per weight of a resolved ``train.optimizer`` config table (plain
     SGD 0, momentum 1, Adam 2): the optimizer registry's own count."""
@@ -202,7 +207,8 @@ def memory(network: Network, counts: list[LayerCounts], stage: int, itemsize: in
     """Bytes per rank (arrays over ranks) in one step of ``stage``, by category and by layer.
 
     Weights: every filter layer's block (twice untied).  Gradients: the stage's encoder and
-    decoder blocks and their sum.  Optimizer: its slots for the stage.  Activations: what
+    decoder blocks and their sum.  Optimizer: its slots for the stage and the two work arrays
+    its update runs in (``train.optim``: kept from step to step).  Activations: what
     the step keeps alive at its peak -- windows, outputs (and LCN caches, about an output)
     of the frozen layers below, then the objective's arrays (3 windows of the filter input,
     4 blocks of the stage input, 4 filter outputs, 2 pool windows, 2 pool outputs).
@@ -217,7 +223,7 @@ def memory(network: Network, counts: list[LayerCounts], stage: int, itemsize: in
         by_layer[c.index]["weights"] += c.params_rank * copies * itemsize
     w = counts[f].params_rank
     by_layer[f]["gradients"] += w * (3 if tied else 2) * itemsize
-    by_layer[f]["optimizer"] += w * optimizer_slots * copies * itemsize
+    by_layer[f]["optimizer"] += w * (optimizer_slots + UPDATE_WORK_ARRAYS) * copies * itemsize
     for c in counts[:f]:
         by_layer[c.index]["activations"] += (c.window_elems + c.out_elems * (2 if c.kind == "lcn" else 1)) * itemsize
     cf, cp = counts[f], counts[p]

@@ -135,5 +135,6 @@ def sparse_ae_loss(x, w, *, stride, block=(1, 1), pool_size, pool_stride, lam, e
                              w.shape[2] // (block[0] * block[1]), pair("pool_size", pool_size),
                              pair("pool_stride", pool_stride), float(eps), np.dtype(x.dtype).name)
     xin = plan.input_array(backend.array_module(x).ascontiguousarray(x))
-    out = StageObjective(plan, 0, lam).value_and_grad(xin, w, w_dec)
+    with plan.step():  # activations in memory the plan lends from call to call
+        out = StageObjective(plan, 0, lam).value_and_grad(xin, w, w_dec)
     return (out[0].total,) + tuple(g.copy() if copy else g for g in out[1:])

@@ -46,6 +46,7 @@ class Optimizer:
         self.comm = comm
         self.t = 0
         self.state: dict[str, dict[str, np.ndarray]] = {}
+        self._work: dict[tuple[str, int], np.ndarray] = {}
 
     # -- group reductions -------------------------------------------------------
     def _sum(self, values: list[float]) -> np.ndarray:
@@ -81,6 +82,19 @@ class Optimizer:
         if name not in self.state:
             self.state[name] = {s: np.zeros_like(p) for s in self.slots}
         return self.state[name]
+
+    @property
+    def work_arrays(self) -> int:
+        """Work arrays held for the update (weight-sized, per parameter; not part of the state)."""
+        return len(self._work)
+
+    def _scratch(self, name: str, p: np.ndarray, k: int = 0) -> np.ndarray:
+        """Work array ``k`` shaped as parameter ``name``, kept from step to step (never saved):
+        the update runs in place, with no page faults for weight-sized temporaries each step."""
+        a = self._work.get((name, k))
+        if a is None or a.shape != p.shape or a.dtype != p.dtype or type(a) is not type(p):
+            a = self._work[(name, k)] = backend.array_module(p).empty_like(p)
+        return a
 
     def _update(self, params: dict[str, np.ndarray], grads: dict[str, np.ndarray], lr: float) -> None:
         for name in sorted(params):
@@ -126,14 +140,19 @@ class SGD(Optimizer):
         return {**super().hyper(), "momentum": self.momentum, "nesterov": self.nesterov}
 
     def _apply(self, name, p, g, lr, s):
-        t = p.dtype.type
-        if not self.momentum:
-            p -= t(lr) * g
-            return
-        v = s["v"]
-        v *= t(self.momentum)
-        v += g
-        p -= t(lr) * (g + t(self.momentum) * v if self.nesterov else v)
+        t, a = p.dtype.type, self._scratch(name, p)
+        if self.momentum:
+            v = s["v"]
+            v *= t(self.momentum)
+            v += g
+            if self.nesterov:  # lr (g + mu v)
+                np.multiply(v, t(self.momentum), out=a)
+                np.add(g, a, out=a)
+                g = a
+            else:
+                g = v
+        np.multiply(g, t(lr), out=a)
+        p -= a
 
 
 def Momentum(lr: Any = 0.01, momentum: float = 0.9, **kw) -> SGD:
@@ -158,9 +177,10 @@ class AdaGrad(Optimizer):
         return {**super().hyper(), "eps": self.eps}
 
     def _apply(self, name, p, g, lr, s):
-        t = p.dtype.type
-        s["G"] += g * g
-        p -= t(lr) * g / (np.sqrt(s["G"]) + t(self.eps))
+        a = self._scratch(name, p)
+        np.multiply(g, g, out=a)
+        s["G"] += a
+        _scaled_step(p, g, s["G"], lr, self.eps, a, self._scratch(name, p, 1))
 
 
 class RMSProp(Optimizer):
@@ -176,10 +196,12 @@ class RMSProp(Optimizer):
         return {**super().hyper(), "rho": self.rho, "eps": self.eps}
 
     def _apply(self, name, p, g, lr, s):
-        t = p.dtype.type
+        t, a = p.dtype.type, self._scratch(name, p)
         s["E"] *= t(self.rho)
-        s["E"] += t(1 - self.rho) * g * g
-        p -= t(lr) * g / (np.sqrt(s["E"]) + t(self.eps))
+        np.multiply(g, t(1 - self.rho), out=a)
+        a *= g
+        s["E"] += a
+        _scaled_step(p, g, s["E"], lr, self.eps, a, self._scratch(name, p, 1))
 
 
 class Adam(Optimizer):
@@ -194,19 +216,26 @@ class Adam(Optimizer):
     def hyper(self):
         return {**super().hyper(), "beta1": self.beta1, "beta2": self.beta2, "eps": self.eps}
 
-    def _moments(self, p, g, s) -> np.ndarray:
-        """The bias-corrected ratio m_hat / (sqrt(v_hat) + eps) of this step."""
-        t = p.dtype.type
+    def _moments(self, name, p, g, s) -> np.ndarray:
+        """The bias-corrected ratio m_hat / (sqrt(v_hat) + eps) of this step (in a work array)."""
+        t, a, b = p.dtype.type, self._scratch(name, p), self._scratch(name, p, 1)
         s["m"] *= t(self.beta1)
-        s["m"] += t(1 - self.beta1) * g
+        np.multiply(g, t(1 - self.beta1), out=a)
+        s["m"] += a
         s["v"] *= t(self.beta2)
-        s["v"] += t(1 - self.beta2) * g * g
-        mh = s["m"] / t(1 - self.beta1 ** self.t)
-        vh = s["v"] / t(1 - self.beta2 ** self.t)
-        return mh / (np.sqrt(vh) + t(self.eps))
+        np.multiply(g, t(1 - self.beta2), out=a)
+        a *= g
+        s["v"] += a
+        np.divide(s["m"], t(1 - self.beta1 ** self.t), out=a)  # m_hat
+        np.divide(s["v"], t(1 - self.beta2 ** self.t), out=b)  # v_hat
+        np.sqrt(b, out=b)
+        b += t(self.eps)
+        return np.divide(a, b, out=a)
 
     def _apply(self, name, p, g, lr, s):
-        p -= p.dtype.type(lr) * self._moments(p, g, s)
+        step = self._moments(name, p, g, s)
+        step *= p.dtype.type(lr)
+        p -= step
 
 
 class LARS(Optimizer):
@@ -246,7 +275,8 @@ class LAMB(Adam):
         ratios = {}
         for name in sorted(params):
             p = params[name]
-            ratios[name] = self._moments(p, grads[name], self._slots(name, p)) + p.dtype.type(self.weight_decay) * p
+            moments = self._moments(name, p, grads[name], self._slots(name, p))
+            ratios[name] = moments + p.dtype.type(self.weight_decay) * p
         pn, rn = self.layer_norms(params), self.layer_norms(ratios)
         for name in sorted(params):
             trust = pn[name] / rn[name] if pn[name] > 0 and rn[name] > 0 else 1.0
@@ -304,3 +334,14 @@ def slot_count(opt: dict[str, Any]) -> int:
     make, keys = OPTIMIZERS[opt["kind"]]
     kw = {k: opt.get(k, p.default) for k, p in keys.items()}
     return len(make(opt.get("lr", LR.default), **kw).slots)
+
+
+def _scaled_step(p: np.ndarray, g: np.ndarray, acc: np.ndarray, lr: float, eps: float, a: np.ndarray,
+                 b: np.ndarray) -> None:
+    """p -= lr g / (sqrt(acc) + eps), in the work arrays ``a`` and ``b`` (AdaGrad, RMSProp)."""
+    t = p.dtype.type
+    np.multiply(g, t(lr), out=a)
+    np.sqrt(acc, out=b)
+    b += t(eps)
+    np.divide(a, b, out=a)
+    p -= a

@@ -264,8 +264,10 @@ class GreedyTrainer:
         t0 = time.perf_counter()
         ex0 = sum(lp.exchange.seconds for lp in self.plan.layers)
         li = self.filter_layers[stage]
-        x = self._stage_input(stage)
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # non-finite steps are handled below
+        # The step's activations, windows and sums in memory lent by the plan for this step (the
+        # gradients are the plan's buffers): the same memory every step, whatever malloc does.
+        with self.plan.step(), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            x = self._stage_input(stage)  # non-finite steps are handled below
             if self.tied:
                 parts, dw = objective.value_and_grad(x, self.params[li])
                 grads = {"w": dw}

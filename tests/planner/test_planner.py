@@ -77,7 +77,7 @@ def test_step_flops_are_the_layer_costs_composed(stage):
 
 
 def test_optimizer_slots_agree_with_the_optimizers():
-    from cotsdl.planner.model import optimizer_slots
+    from cotsdl.planner.model import UPDATE_WORK_ARRAYS, optimizer_slots
     from cotsdl.train.optim import OPTIMIZERS, from_config
 
     expected = {"sgd": 0, "momentum": 1, "nesterov": 1, "adagrad": 1, "rmsprop": 1, "adam": 2, "lars": 1, "lamb": 2}
@@ -89,6 +89,7 @@ def test_optimizer_slots_agree_with_the_optimizers():
         assert optimizer_slots(cfg["train"]["optimizer"]) == len(opt.slots) == expected[kind], kind
         opt.step({"w": np.ones(3, np.float32)}, {"w": np.ones(3, np.float32)})  # the slots it really keeps
         assert sum(len(s) for s in opt.state.values()) == expected[kind], kind
+        assert opt.work_arrays <= UPDATE_WORK_ARRAYS, kind  # what the memory model counts besides the slots
 
 
 def test_predict_step_api():

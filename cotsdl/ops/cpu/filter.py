@@ -79,7 +79,7 @@ def filter_forward(x: np.ndarray, w: np.ndarray, stride: tuple[int, int], block:
     ws = or_new(workspace)
     p6 = _patches(x, (rh, rw), stride, (SH, SW))
     wf = w.reshape(SH * SW, M, R)
-    y = np.empty((SH * block[0], SW * block[1], K, N), x.dtype)
+    y = ws.output((SH * block[0], SW * block[1], K, N), x.dtype)
 
     def work(i0: int, i1: int) -> None:
         # Gather a cache-sized band of site rows, multiply while it is still in cache.
@@ -121,7 +121,8 @@ def filter_backward_data(dy: np.ndarray, w: np.ndarray, stride: tuple[int, int],
     R = rh * rw * C
     wt = w.reshape(SH * SW, M, R).transpose(0, 2, 1)
     sh, sw = stride
-    dx = np.zeros((H, W, C, N), dy.dtype)
+    dx = ws.output((H, W, C, N), dy.dtype)
+    dx.fill(0)
 
     def band(i0: int, i1: int) -> None:
         # The products of a band of site rows, summed into dx's rows while still in cache.

@@ -22,7 +22,8 @@ def pool_forward(x: np.ndarray, size, stride, eps: float, workspace: Workspace |
     (ph, pw), (qh, qw) = size, stride
     PH, PW = window_sites(x.shape[:2], size, stride)
     H, W, C, N = x.shape
-    y = np.empty((PH, PW, C, N), x.dtype)
+    ws = or_new(workspace)
+    y = ws.output((PH, PW, C, N), x.dtype)
     e = x.dtype.type(eps)
     fused, sx = native.kernel("pool_fwd", x.dtype), native.strides(x, 2)
     if fused is not None and sx is not None:  # the same sums in one pass (native/kernels.cpp)
@@ -30,7 +31,6 @@ def pool_forward(x: np.ndarray, size, stride, eps: float, workspace: Workspace |
         run_bands(PH, qh * W * C * N * x.itemsize,
                   lambda i0, i1: fused(x, *sx, C * N, ph, pw, qh, qw, e, y, *sy, PW, i0, i1))
         return y
-    ws = or_new(workspace)
 
     def band(i0: int, i1: int) -> None:
         n = i1 - i0
@@ -65,14 +65,14 @@ def pool_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray, size, stride,
     (ph, pw), (qh, qw) = size, stride
     PH, PW = y.shape[:2]
     H, W, C, N = x.shape
-    dx = np.empty(x.shape, x.dtype)
+    ws = or_new(workspace)
+    dx = ws.output(x.shape, x.dtype)
     fused, sx, sg = native.kernel("pool_bwd", x.dtype), native.strides(x, 2), native.strides(y, 2)
     if fused is not None and sx is not None and sg is not None and native.strides(dy, 2) == sg:
         sd = native.strides(dx, 2)
         run_bands(H, W * C * N * x.itemsize,
                   lambda h0, h1: fused(dy, y, *sg, x, *sx, W, C * N, ph, pw, qh, qw, PH, PW, dx, *sd, h0, h1))
         return dx
-    ws = or_new(workspace)
     g = np.zeros_like(y)
 
     def ratio(i0: int, i1: int) -> None:
