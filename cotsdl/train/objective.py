@@ -82,15 +82,19 @@ class StageObjective:
 
         xh = plan.adjoint(f, h, dec, meanwhile=pool_forward)  # x_hat = F_{w'}^T(h)
         pooled, pool_tape = pool["p"], pool["tape"]
-        r = xh.data - x.owned_data
         xo = x.owned_data
-        rec, spa, sig = sum_values(plan.grid.comm, [(r * r).sum(), pooled.data.sum(), (xo * xo).sum()])
+        lend = plan.outputs.empty  # the step's arrays in the plan's lent memory (plan.step())
+        r = xp.subtract(xh.data, xo, out=lend(xo.shape, dt, xp))
+        sq = xp.multiply(r, r, out=lend(xo.shape, dt, xp))
+        rec = sq.sum()
+        rec, spa, sig = sum_values(plan.grid.comm, [rec, pooled.data.sum(), xp.multiply(xo, xo, out=sq).sum()])
         parts = LossParts((rec + self.lam * spa) / N, rec / N, self.lam * spa / N, sig / N, spa / N)
         # backward
-        dxh = DistArray(x.comm, xh.shape, xh.window, xh.owned, data=(r * dt.type(2.0 / N)).astype(dt, copy=False))
+        dxh = DistArray(x.comm, xh.shape, xh.window, xh.owned, data=xp.multiply(r, dt.type(2.0 / N), out=sq))
         dh, dec_tape = plan.forward(dxh, {f: dec}, start=f, upto=p)  # F_{w'}(dx_hat), the decoder's transpose
-        dp = DistArray(x.comm, pooled.shape, pooled.window, pooled.owned, data=xp.full(pooled.data.shape,
-                                                                                         dt.type(self.lam / N), dt))
+        ones = lend(pooled.data.shape, dt, xp)
+        ones.fill(dt.type(self.lam / N))
+        dp = DistArray(x.comm, pooled.shape, pooled.window, pooled.owned, data=ones)
         dec_grads: dict[int, Any] = {}
 
         # The gradients go into the plan's buffers (the same memory every step): the caller uses them

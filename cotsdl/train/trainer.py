@@ -34,7 +34,6 @@ from .optim import Optimizer
 from .schedules import describe as schedules_describe
 from .norms import stage_norms
 from .state import META_KEYS, TrainState
-from ..ops.cpu.allocator import tune_allocator
 from .steplog import StepLog
 
 
@@ -111,7 +110,6 @@ class GreedyTrainer:
                  max_bad_steps: int = 5, log=sys.stdout, should_stop: Callable[[], bool] | None = None,
                  overwrite: bool = False, overlap: bool | str = True,
                  filter_norm: float | Sequence[float | None] | None = None):
-        tune_allocator()  # scripts train as fast as the command: freed arrays reused, no page faults per step
         err = None
         norms, norm_err = stage_norms(filter_norm, network)
         if tuple(getattr(data, "image_shape", ())) != network.input_shape:
@@ -279,7 +277,7 @@ class GreedyTrainer:
             grads = allreduce.average(self.decomposition.replica_comm, grads)
             losses = sum_values(self.decomposition.replica_comm, losses) / self.replicas
         lr = self.optimizer.lr  # the rate of this step (the record reports it, not the next one's)
-        finite = bool(np.all(np.isfinite(losses)) and all(bool(self.xp.isfinite(g).all()) for g in grads.values()))
+        finite = bool(np.all(np.isfinite(losses)) and all(_all_finite(g) for g in grads.values()))
         finite = bool(self.world.allreduce(finite, op=MPI.LAND))  # every rank skips together
         if finite:
             self.bad_in_row = 0
@@ -288,7 +286,7 @@ class GreedyTrainer:
             if self.filter_norms[stage] is not None:  # per unit: no communication, exact on any split
                 for p in params.values():
                     project_norm(p, self.filter_norms[stage])
-            ok = bool(self.world.allreduce(all(bool(self.xp.isfinite(p).all()) for p in params.values()), op=MPI.LAND))
+            ok = bool(self.world.allreduce(all(_all_finite(p) for p in params.values()), op=MPI.LAND))
             if not ok:
                 raise agreed(RuntimeError(f"training stopped: the update of stage {stage} step {self.stage_step} made the "
                                    "weights non-finite (learning rate too large?); nothing was saved after it; "
@@ -503,3 +501,14 @@ class GreedyTrainer:
                                    changes_from):
             tr._say(f"  {line}")
         return tr
+
+
+def _all_finite(a: Any) -> bool:
+    """No inf or NaN in ``a``.  Host arrays are checked a cache-sized piece at a time: a weight-sized
+    mask each step would cost page faults (device arrays: one reduction, CuPy keeps its memory)."""
+    xp = backend.array_module(a)
+    if xp is not np:
+        return bool(xp.isfinite(a).all())
+    flat = a.reshape(-1)
+    step = 1 << 16
+    return all(bool(np.isfinite(flat[i:i + step]).all()) for i in range(0, flat.size, step))

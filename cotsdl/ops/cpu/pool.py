@@ -70,8 +70,13 @@ def pool_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray, size, stride,
     fused, sx, sg = native.kernel("pool_bwd", x.dtype), native.strides(x, 2), native.strides(y, 2)
     if fused is not None and sx is not None and sg is not None and native.strides(dy, 2) == sg:
         sd = native.strides(dx, 2)
-        run_bands(H, W * C * N * x.itemsize,
-                  lambda h0, h1: fused(dy, y, *sg, x, *sx, W, C * N, ph, pw, qh, qw, PH, PW, dx, *sd, h0, h1))
+
+        def fused_band(h0: int, h1: int) -> None:
+            i_lo, i_hi = _window_rows(h0, h1, ph, qh, PH)
+            spread = ws.get("pool.spread", (max(0, i_hi - i_lo), W, C, N), x.dtype)
+            fused(dy, y, *sg, x, *sx, W, C * N, ph, pw, qh, qw, PH, PW, dx, *sd, spread, i_lo, i_hi, h0, h1)
+
+        run_bands(H, W * C * N * x.itemsize, fused_band)
         return dx
     g = np.zeros_like(y)
 
@@ -81,7 +86,7 @@ def pool_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray, size, stride,
     def band(h0: int, h1: int) -> None:
         # dx's rows [h0, h1): the window rows that cover them spread along W once, added per
         # window row offset p, then times x.
-        i_lo, i_hi = max(0, -(-(h0 - ph + 1) // qh)), min(PH, (h1 - 1) // qh + 1)
+        i_lo, i_hi = _window_rows(h0, h1, ph, qh, PH)
         out = dx[h0:h1]
         out.fill(0)
         if i_hi <= i_lo:
@@ -101,3 +106,8 @@ def pool_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray, size, stride,
     run_bands(PH, PW * C * N * y.itemsize, ratio)
     run_bands(H, W * C * N * x.itemsize, band)
     return dx
+
+
+def _window_rows(h0: int, h1: int, ph: int, qh: int, PH: int) -> tuple[int, int]:
+    """The window rows [i_lo, i_hi) whose windows cover input rows [h0, h1)."""
+    return max(0, -(-(h0 - ph + 1) // qh)), min(PH, (h1 - 1) // qh + 1)

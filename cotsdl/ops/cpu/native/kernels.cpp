@@ -91,15 +91,13 @@ void pool_fwd(const T* x, idx sxh, idx sxw, idx L, idx ph, idx pw, idx qh, idx q
 }
 
 // Pool backward, dx rows [h0, h1): g = dy / y (0 where y <= 0) spread along W over the
-// window columns (q order), then along H over the window rows (p order), times x.
+// window columns (q order), then along H over the window rows (p order), times x.  The
+// window rows [i_lo, i_hi) that cover the band are spread into ``spread`` ((i_hi - i_lo) x W
+// x L, the caller's scratch: a buffer allocated here would be mapped afresh every call).
 template <class T>
 void pool_bwd(const T* dy, const T* y, idx sgh, idx sgw, const T* x, idx sxh, idx sxw, idx W, idx L,
-              idx ph, idx pw, idx qh, idx qw, idx PH, idx PW, T* dx, idx sdh, idx sdw, idx h0, idx h1) {
-  idx i_lo = h0 - ph + 1 > 0 ? (h0 - ph + 1 + qh - 1) / qh : 0;
-  idx i_hi = (h1 - 1) / qh + 1;
-  if (i_hi > PH) i_hi = PH;
-  const idx n = i_hi > i_lo ? i_hi - i_lo : 0;
-  std::vector<T> spread(static_cast<size_t>(n * W * L));
+              idx ph, idx pw, idx qh, idx qw, idx PH, idx PW, T* dx, idx sdh, idx sdw, T* spread,
+              idx i_lo, idx i_hi, idx h0, idx h1) {
   for (idx i = i_lo; i < i_hi; ++i) {
     for (idx w = 0; w < W; ++w) {
       T* s = &spread[((i - i_lo) * W + w) * L];
@@ -293,8 +291,10 @@ void add_channels(T* x, idx sxh, idx sxw, const T* b, idx sbh, idx sbw, idx W, i
 #define POOL_BWD(T, S)                                                                                          \
   COTSDL_EXPORT void cotsdl_pool_bwd_##S(const T* dy, const T* y, idx sgh, idx sgw, const T* x, idx sxh,       \
                                          idx sxw, idx W, idx L, idx ph, idx pw, idx qh, idx qw, idx PH, idx PW, \
-                                         T* dx, idx sdh, idx sdw, idx h0, idx h1) {                            \
-    pool_bwd<T>(dy, y, sgh, sgw, x, sxh, sxw, W, L, ph, pw, qh, qw, PH, PW, dx, sdh, sdw, h0, h1);             \
+                                         T* dx, idx sdh, idx sdw, T* spread, idx i_lo, idx i_hi, idx h0,      \
+                                         idx h1) {                                                            \
+    pool_bwd<T>(dy, y, sgh, sgw, x, sxh, sxw, W, L, ph, pw, qh, qw, PH, PW, dx, sdh, sdw, spread, i_lo, i_hi, \
+                h0, h1);                                                                                      \
   }
 #define CORR2(T, S)                                                                                            \
   COTSDL_EXPORT void cotsdl_corr2_##S(const T* u, idx suh, idx suw, idx N, idx r0, idx r1, idx c0, idx c1,     \
