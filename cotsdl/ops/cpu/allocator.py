@@ -9,8 +9,9 @@ arrays served from a heap that keeps freed memory; the L2 pool alone went from 3
 is the same, it is just not handed back between steps.  Arrays of 32 MiB and more keep
 their own mappings (see :data:`MMAP_THRESHOLD`).
 
-:func:`tune_allocator` sets it for this process (the ``cotsdl`` command and
-``GreedyTrainer`` call it, so a script that trains gets it too; others may).  ``COTSDL_MALLOC=default`` leaves the allocator alone.  Elsewhere than
+:func:`tune_allocator` sets it for this process (the ``cotsdl`` command calls it, for what
+runs outside a training step; a step itself allocates nothing large: the network plan
+lends its memory, ``NetworkPlan.step``, so ``GreedyTrainer`` leaves malloc alone).  ``COTSDL_MALLOC=default`` leaves the allocator alone.  Elsewhere than
 glibc it does nothing.
 """
 from __future__ import annotations
