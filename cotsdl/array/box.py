@@ -32,6 +32,8 @@ class Box:
         hi_t = tuple(max(l, h) for l, h in zip(lo_t, hi_t))
         object.__setattr__(self, "lo", lo_t)
         object.__setattr__(self, "hi", hi_t)
+        # kept: asked for thousands of times a step (slices, exchanges, ops' checks)
+        object.__setattr__(self, "_shape", tuple(h - l for l, h in zip(lo_t, hi_t)))
 
     # -- construction -------------------------------------------------------
     @classmethod
@@ -51,7 +53,7 @@ class Box:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(h - l for l, h in zip(self.lo, self.hi))
+        return self._shape
 
     @property
     def size(self) -> int:

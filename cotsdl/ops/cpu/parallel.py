@@ -114,6 +114,8 @@ def run_bands(n: int, bytes_per_row: int, work: Callable[[int, int], None]) -> N
 
 def _on_pool(bounds: list[tuple[int, int]], work: Callable[[int, int], Any]) -> list[Any]:
     global _pool
+    if len(bounds) <= 1:  # one band: on this thread, without asking how many threads there are
+        return [work(lo, hi) for lo, hi in bounds]
     threads = min(num_threads(), len(bounds))
     if threads <= 1:
         return [work(lo, hi) for lo, hi in bounds]

@@ -178,15 +178,16 @@ def kernel(name: str, dtype) -> Callable[..., None] | None:
 
 def strides(a: np.ndarray, inner: int) -> tuple[int, int] | None:
     """The element strides of ``a``'s first two axes when its last ``inner`` axes are C-contiguous, else None."""
-    item = a.itemsize
+    item, shape, st = a.itemsize, a.shape, a.strides
     expect = item
-    for k in range(a.ndim - 1, a.ndim - 1 - inner, -1):
-        if a.shape[k] > 1 and a.strides[k] != expect:
+    for k in range(len(shape) - 1, len(shape) - 1 - inner, -1):
+        if shape[k] > 1 and st[k] != expect:
             return None
-        expect *= a.shape[k]
-    if a.strides[0] % item or a.strides[1] % item:
+        expect *= shape[k]
+    s0, s1 = st[0], st[1]
+    if s0 % item or s1 % item:
         return None
-    return a.strides[0] // item, a.strides[1] // item
+    return s0 // item, s1 // item
 
 
 @contextmanager
