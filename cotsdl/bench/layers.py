@@ -67,6 +67,25 @@ SHAPES = [
 NUMPY_SHAPES = SHAPES + [CPU_PAPER]
 
 
+def _one_step(lent: Any, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` as one training step: its results in memory lent for the step, taken back at the next."""
+    def step() -> Any:
+        lent.recycle()
+        lent.active = True
+        try:
+            return fn()
+        finally:
+            lent.active = False
+    return step
+
+
+def _kept(result: Any) -> Any:
+    """A result that outlives the next call (one step's lent memory is the next one's)."""
+    if isinstance(result, tuple):
+        return tuple(_kept(r) for r in result)
+    return result.copy() if hasattr(result, "copy") and hasattr(result, "shape") else result
+
+
 def _no_sync() -> None:
     return None
 
@@ -211,7 +230,10 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
         M = sh.block[0] * sh.block[1] * sh.K
         w = xp.asarray((rng.standard_normal((sh.sites, sh.sites, M, sh.r, sh.r, sh.C), dtype=np.float32) / sh.r).astype(dtype))
         size, stride = (sh.r, sh.r), (sh.s, sh.s)
-        ws = ops.Workspace()  # as a layer's, held by the network plan
+        # As in a training step: the layer's scratch in a workspace the network plan holds, its results
+        # in memory the plan lends for the step (NetworkPlan.step; each call here is one step).
+        lent = ops.Outputs()
+        ws = ops.Workspace(lent)
         y = ops.local_filter(x, w, stride, sh.block)
         dy = xp.asarray(rng.standard_normal(y.shape).astype(dtype))
         fc = costs.local_filter(sh.H, sh.H, sh.C, sh.N, size, stride, sh.block, sh.K, item)
@@ -225,11 +247,14 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
                                                                        workspace=ws), fc["backward_data"]),
             "filter_bwd_weights": (lambda: ops.local_filter_backward_weights(x, dy, size, stride, sh.block, workspace=ws),
                                    fc["backward_weights"]),
-            "pool_forward": (lambda: ops.l2_pool(y, **POOL), pc["forward"]),
-            "pool_backward": (lambda: ops.l2_pool_backward(dp, y, p, POOL["size"], POOL["stride"]), pc["backward"]),
-            "lcn_forward": (lambda: ops.lcn(y, **LCN), lc["forward"]),
-            "lcn_backward": (lambda: ops.lcn_backward(dy, y, **LCN), lc["backward"]),
+            "pool_forward": (lambda: ops.l2_pool(y, **POOL, workspace=ws), pc["forward"]),
+            "pool_backward": (lambda: ops.l2_pool_backward(dp, y, p, POOL["size"], POOL["stride"], workspace=ws),
+                              pc["backward"]),
+            "lcn_forward": (lambda: ops.lcn(y, **LCN, workspace=ws), lc["forward"]),
+            "lcn_backward": (lambda: ops.lcn_backward(dy, y, **LCN, workspace=ws), lc["backward"]),
         }
+        if backend_name == "numpy":
+            runs = {name: (_one_step(lent, fn), cost) for name, (fn, cost) in runs.items()}
         if backend_name == "numpy":  # a whole step of the stage's autoencoder: 5 filter passes and the pool
             runs["train_step"] = (lambda: sparse_ae_loss(x, w, stride=stride, block=sh.block, pool_size=POOL["size"],
                                                          pool_stride=POOL["stride"], lam=TRAIN_LAM, eps=POOL["eps"],
@@ -238,7 +263,7 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
         row: dict[str, Any] = {"shape": sh.name, "H": sh.H, "W": sh.H, "C": sh.C, "r": sh.r, "s": sh.s, "K": sh.K,
                                "N": sh.N, "block": list(sh.block), "ops": {}}
         found = peer_callables(sh, {"x": x, "w": w, "dy": dy, "y": y, "p": p, "dp": dp},
-                               {name: fn() for name, (fn, _) in runs.items()}) if peers else {}
+                               {name: _kept(fn()) for name, (fn, _) in runs.items()}) if peers else {}
         for name, (fn, cost) in runs.items():
             contestants: dict[str, Callable[[], Any]] = {"ours": fn}
             if alone and name.startswith("filter"):

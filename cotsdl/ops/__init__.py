@@ -123,17 +123,17 @@ def lcn_window_backward(dy, cache, allreduce=None):
     return _lcn.backward_local(dy, cache, allreduce)
 
 
-def lcn(x, size, sigma, eps):
+def lcn(x, size, sigma, eps, *, workspace=None):
     """Local contrast normalization of whole images (output has x's shape)."""
     shapes.activations("x", x)
     whole = Box((0, 0), x.shape[:2])
-    return lcn_window(x, whole, whole, x.shape[:2], size, sigma, eps)[0]
+    return lcn_window(x, whole, whole, x.shape[:2], size, sigma, eps, workspace=workspace)[0]
 
 
-def lcn_backward(dy, x, size, sigma, eps):
+def lcn_backward(dy, x, size, sigma, eps, *, workspace=None):
     """Gradient w.r.t. x of :func:`lcn` (recomputes the forward pass)."""
     shapes.activations("x", x)
     shapes.same_dtype(dy=dy, x=x)
     whole = Box((0, 0), x.shape[:2])
-    _, cache = lcn_window(x, whole, whole, x.shape[:2], size, sigma, eps)
+    _, cache = lcn_window(x, whole, whole, x.shape[:2], size, sigma, eps, workspace=workspace)
     return lcn_window_backward(dy, cache)

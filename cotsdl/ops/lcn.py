@@ -104,12 +104,12 @@ class LCNCache:
     workspace: Workspace | None = None  # the layer's scratch (numpy backend), for the backward's bands
 
 
-def _rows(xp, n: int, bytes_per_row: int, fn: Callable[[int, int], None]) -> None:
+def _rows(xp, n: int, bytes_per_row: int, fn: Callable[[int, int], None], one_pass: bool = False) -> None:
     """``fn(lo, hi)`` over the rows ``[0, n)``: on the numpy backend in bands (one band for small
     arrays, else cache-sized ones over the threads: :func:`~cotsdl.ops.cpu.parallel.row_bands`);
     in one call for device arrays."""
     if xp is np:
-        run_bands(n, bytes_per_row, fn)
+        run_bands(n, bytes_per_row, fn, one_pass)
     elif n:
         fn(0, n)
 
@@ -165,7 +165,7 @@ def forward_local(x: np.ndarray, x_box: Box, out: Box, image_hw: tuple[int, int]
     fused = _fused(xp, "channel_mean", x, mean)
     if fused is not None:
         W = x.shape[1]
-        _rows(xp, x.shape[0], row, lambda a, b: fused(x, *_st(x), W, C, N, inv_c, mean, *_st(mean), a, b))
+        _rows(xp, x.shape[0], row, lambda a, b: fused(x, *_st(x), W, C, N, inv_c, mean, *_st(mean), a, b), True)
     else:
         _rows(xp, x.shape[0], row, channel_mean)
     mu1 = smooth(mean, x_box, r1, image, g1)
@@ -184,7 +184,7 @@ def forward_local(x: np.ndarray, x_box: Box, out: Box, image_hw: tuple[int, int]
     if fused is not None:
         W1 = r1.shape[1]
         _rows(xp, r1.shape[0], row, lambda a, b: fused(xr, *_st(xr), mu1, *_st(mu1), W1, C, N, inv_c,
-                                                        v1, *_st(v1), q1, *_st(q1), a, b))
+                                                        v1, *_st(v1), q1, *_st(q1), a, b), True)
     else:
         _rows(xp, r1.shape[0], row, centre)
     s = xp.sqrt(smooth(q1, r1, out, image, g1))
@@ -198,7 +198,7 @@ def forward_local(x: np.ndarray, x_box: Box, out: Box, image_hw: tuple[int, int]
     fused = _fused(xp, "divide", v0, d, y)
     if fused is not None:
         Wo = out.shape[1]
-        _rows(xp, out.shape[0], row, lambda a, b: fused(v0, *_st(v0), d, *_st(d), Wo, C, N, y, *_st(y), a, b))
+        _rows(xp, out.shape[0], row, lambda a, b: fused(v0, *_st(v0), d, *_st(d), Wo, C, N, y, *_st(y), a, b), True)
     else:
         _rows(xp, out.shape[0], row, lambda a, b: xp.divide(v0[a:b], d[a:b, :, None, :], out=y[a:b]))
     return y, LCNCache(x_box, out, r1, image, g1, v1, s, m, d, eps, workspace)
@@ -223,23 +223,41 @@ def backward_local(dy: np.ndarray, cache: LCNCache, allreduce: Reduce | None = N
     fused = _fused(xp, "channel_dot", dy, v0, dd)
     if fused is not None:
         Wo = c.out.shape[1]
-        _rows(xp, c.out.shape[0], row, lambda a, b: fused(dy, *_st(dy), v0, *_st(v0), Wo, C, N, dd, *_st(dd), a, b))
+        _rows(xp, c.out.shape[0], row,
+              lambda a, b: fused(dy, *_st(dy), v0, *_st(v0), Wo, C, N, dd, *_st(dd), a, b), True)
     else:
         _rows(xp, c.out.shape[0], row, dot)
-    dd = -dd / (c.d * c.d)
-    s_wins = (c.s >= c.m) & (c.s >= dt(c.eps))
-    m_wins = ~s_wins & (c.m >= dt(c.eps))
-    ds = xp.where(s_wins, dd, dt(0))
-    dm = xp.where(m_wins, dd, dt(0)).sum(axis=(0, 1))
+    oh, ow = c.out.shape
+    small = ow * N * dy.dtype.itemsize  # a row of the (h, w, N) maps
+    plain = all(a.flags.c_contiguous for a in (dd, c.d, c.s, c.m))
+    fused = _fused(xp, "lcn_branches", dd) if plain else None
+    if fused is not None:  # the max()'s branches in one pass; the per-image sum by numpy, as below
+        ds, mpart = xp.empty_like(dd), _scratch(c.workspace, xp, "lcn.mpart", dd.shape, dy.dtype)
+        _rows(xp, oh, small, lambda a, b: fused(dd, c.d, c.s, c.m, dt(c.eps), ds, mpart, ow, N, a, b), True)
+        dm = mpart.sum(axis=(0, 1))
+    else:
+        dd = -dd / (c.d * c.d)
+        s_wins = (c.s >= c.m) & (c.s >= dt(c.eps))
+        m_wins = ~s_wins & (c.m >= dt(c.eps))
+        ds = xp.where(s_wins, dd, dt(0))
+        dm = xp.where(m_wins, dd, dt(0)).sum(axis=(0, 1))
     if allreduce is not None:
         dm = allreduce(dm)
-    ds += (dm / dt(c.image.size)).astype(dy.dtype)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        du = xp.where(c.s > 0, ds / (dt(2) * c.s), dt(0))
+    q = (dm / dt(c.image.size)).astype(dy.dtype)
+    fused = _fused(xp, "lcn_du", ds) if plain else None
+    if fused is not None:
+        du = xp.empty_like(ds)
+        q = xp.ascontiguousarray(q)
+        _rows(xp, oh, small, lambda a, b: fused(ds, c.s, q, du, ow, N, a, b), True)
+    else:
+        ds += q
+        with np.errstate(divide="ignore", invalid="ignore"):
+            du = xp.where(c.s > 0, ds / (dt(2) * c.s), dt(0))
     dq1 = smooth_adjoint(du, c.out, c.r1, c.image, c.g1)
     dx = _result(c.workspace, xp, c.x_box.shape + (C, N), dy.dtype)
-    dx.fill(0)
-    dv1 = dx[c.r1.slices_in(c.x_box)]  # dv1 is written in place: dx is zero there before
+    if c.r1 != c.x_box:  # r1's part is overwritten below; the rest only receives the adjoint's sums
+        dx.fill(0)
+    dv1 = dx[c.r1.slices_in(c.x_box)]
     dmu1 = xp.empty(c.r1.shape + (N,), dy.dtype)
     o_rows, o_cols = c.out.slices_in(c.r1)
     scale = dt(2) * inv_c
@@ -263,14 +281,14 @@ def backward_local(dy: np.ndarray, cache: LCNCache, allreduce: Reduce | None = N
         oh, ow, W1 = c.out.shape[0], c.out.shape[1], c.r1.shape[1]
         _rows(xp, c.r1.shape[0], row, lambda a, b: fused(
             c.v1, *_st(c.v1), dq1, *_st(dq1), dy, *_st(dy), c.d, *_st(c.d), o_rows.start, o_cols.start, oh, ow,
-            W1, C, N, scale, dv1, *_st(dv1), dmu1, *_st(dmu1), a, b))
+            W1, C, N, scale, dv1, *_st(dv1), dmu1, *_st(dmu1), a, b), True)
     else:
         _rows(xp, c.r1.shape[0], row, spread)
     back = smooth_adjoint(dmu1, c.r1, c.x_box, c.image, c.g1) * inv_c
     fused = _fused(xp, "add_channels", dx, back)
     if fused is not None:
         Wx = dx.shape[1]
-        _rows(xp, dx.shape[0], row, lambda a, b: fused(dx, *_st(dx), back, *_st(back), Wx, C, N, a, b))
+        _rows(xp, dx.shape[0], row, lambda a, b: fused(dx, *_st(dx), back, *_st(back), Wx, C, N, a, b), True)
     else:
         _rows(xp, dx.shape[0], row, lambda a, b: xp.add(dx[a:b], back[a:b, :, None, :], out=dx[a:b]))
     return dx

@@ -11,8 +11,8 @@ their own mappings (see :data:`MMAP_THRESHOLD`).
 
 :func:`tune_allocator` sets it for this process (the ``cotsdl`` command calls it, for what
 runs outside a training step; a step itself allocates nothing large: the network plan
-lends its memory, ``NetworkPlan.step``, so ``GreedyTrainer`` leaves malloc alone).  ``COTSDL_MALLOC=default`` leaves the allocator alone.  Elsewhere than
-glibc it does nothing.
+lends its memory, ``NetworkPlan.step``, so ``GreedyTrainer`` leaves malloc alone).
+``COTSDL_MALLOC=default`` leaves the allocator alone.  Elsewhere than glibc it does nothing.
 """
 from __future__ import annotations
 

@@ -48,7 +48,8 @@ def _native_corr(u: np.ndarray, valid: Box, origin: tuple[int, int], g: np.ndarr
     zz = None if z is None else np.ascontiguousarray(z.reshape(res.shape[:2]), u.dtype)
     N = res.shape[2]
     run_bands(res.shape[0], res.shape[1] * N * len(g) * res.itemsize,
-              lambda i0, i1: fused(u, *su, N, r0, r1, c0, c1, *origin, g, len(g), zz, res, *sr, res.shape[1], i0, i1))
+              lambda i0, i1: fused(u, *su, N, r0, r1, c0, c1, *origin, g, len(g), zz, res, *sr, res.shape[1], i0, i1),
+              one_pass=True)
     return True
 
 

@@ -29,7 +29,7 @@ def pool_forward(x: np.ndarray, size, stride, eps: float, workspace: Workspace |
     if fused is not None and sx is not None:  # the same sums in one pass (native/kernels.cpp)
         sy = native.strides(y, 2)
         run_bands(PH, qh * W * C * N * x.itemsize,
-                  lambda i0, i1: fused(x, *sx, C * N, ph, pw, qh, qw, e, y, *sy, PW, i0, i1))
+                  lambda i0, i1: fused(x, *sx, C * N, ph, pw, qh, qw, e, y, *sy, PW, i0, i1), one_pass=True)
         return y
 
     def band(i0: int, i1: int) -> None:
@@ -76,7 +76,7 @@ def pool_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray, size, stride,
             spread = ws.get("pool.spread", (max(0, i_hi - i_lo), W, C, N), x.dtype)
             fused(dy, y, *sg, x, *sx, W, C * N, ph, pw, qh, qw, PH, PW, dx, *sd, spread, i_lo, i_hi, h0, h1)
 
-        run_bands(H, W * C * N * x.itemsize, fused_band)
+        run_bands(H, W * C * N * x.itemsize, fused_band, one_pass=True)
         return dx
     g = np.zeros_like(y)
 

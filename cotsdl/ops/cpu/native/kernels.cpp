@@ -266,6 +266,30 @@ void lcn_spread(const T* v1, idx svh, idx svw, const T* dq1, idx sqh, idx sqw, c
     }
 }
 
+// LCN backward's max(s, m, eps), pixels of rows [h0, h1) of C-contiguous (h, W, N) maps:
+//   v = -dd / (d d);  ds = v where s wins (s >= m, s >= eps), else 0;
+//   mpart = v where m wins (s does not, m >= eps), else 0  (summed per image by the caller).
+template <class T>
+void lcn_branches(const T* dd, const T* d, const T* s, const T* m, T eps, T* ds, T* mpart, idx W, idx N,
+                  idx h0, idx h1) {
+  for (idx i = h0 * W * N; i < h1 * W * N; ++i) {
+    const idx n = i % N;
+    const T v = -dd[i] / (d[i] * d[i]);
+    const bool s_wins = s[i] >= m[n] && s[i] >= eps;
+    ds[i] = s_wins ? v : T(0);
+    mpart[i] = !s_wins && m[n] >= eps ? v : T(0);
+  }
+}
+
+// du = (ds + q[n]) / (2 s) where s > 0, else 0 (q: the image mean's share, dm / pixels).
+template <class T>
+void lcn_du(const T* ds, const T* s, const T* q, T* du, idx W, idx N, idx h0, idx h1) {
+  for (idx i = h0 * W * N; i < h1 * W * N; ++i) {
+    const idx n = i % N;
+    du[i] = s[i] > T(0) ? (ds[i] + q[n]) / (T(2) * s[i]) : T(0);
+  }
+}
+
 // x[h, w, c, n] += b[h, w, n].
 template <class T>
 void add_channels(T* x, idx sxh, idx sxw, const T* b, idx sbh, idx sbw, idx W, idx C, idx N, idx h0, idx h1) {
@@ -337,6 +361,17 @@ void add_channels(T* x, idx sxh, idx sxw, const T* b, idx sbh, idx sbw, idx W, i
     add_channels<T>(x, sxh, sxw, b, sbh, sbw, W, C, N, h0, h1);                                                \
   }
 
+#define LCN_BRANCHES(T, S)                                                                                  \
+  COTSDL_EXPORT void cotsdl_lcn_branches_##S(const T* dd, const T* d, const T* s, const T* m, T eps, T* ds,   \
+                                             T* mpart, idx W, idx N, idx h0, idx h1) {                       \
+    lcn_branches<T>(dd, d, s, m, eps, ds, mpart, W, N, h0, h1);                                               \
+  }
+#define LCN_DU(T, S)                                                                                             \
+  COTSDL_EXPORT void cotsdl_lcn_du_##S(const T* ds, const T* s, const T* q, T* du, idx W, idx N, idx h0,        \
+                                       idx h1) {                                                                \
+    lcn_du<T>(ds, s, q, du, W, N, h0, h1);                                                                       \
+  }
+
 COTSDL_BOTH(POOL_FWD)
 COTSDL_BOTH(POOL_BWD)
 COTSDL_BOTH(CORR2)
@@ -346,3 +381,5 @@ COTSDL_BOTH(DIVIDE)
 COTSDL_BOTH(CHANNEL_DOT)
 COTSDL_BOTH(LCN_SPREAD)
 COTSDL_BOTH(ADD_CHANNELS)
+COTSDL_BOTH(LCN_BRANCHES)
+COTSDL_BOTH(LCN_DU)
