@@ -229,7 +229,7 @@ def backward_local(dy: np.ndarray, cache: LCNCache, allreduce: Reduce | None = N
         _rows(xp, c.out.shape[0], row, dot)
     oh, ow = c.out.shape
     small = ow * N * dy.dtype.itemsize  # a row of the (h, w, N) maps
-    plain = all(a.flags.c_contiguous for a in (dd, c.d, c.s, c.m))
+    plain = xp is np and all(a.flags.c_contiguous for a in (dd, c.d, c.s, c.m))
     fused = _fused(xp, "lcn_branches", dd) if plain else None
     if fused is not None:  # the max()'s branches in one pass; the per-image sum by numpy, as below
         ds, mpart = xp.empty_like(dd), _scratch(c.workspace, xp, "lcn.mpart", dd.shape, dy.dtype)

@@ -73,7 +73,7 @@ def pool_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray, size, stride,
 
         def fused_band(h0: int, h1: int) -> None:
             i_lo, i_hi = _window_rows(h0, h1, ph, qh, PH)
-            spread = ws.get("pool.spread", (max(0, i_hi - i_lo), W, C, N), x.dtype)
+            spread = ws.get("pool.spread", (max(0, i_hi - i_lo) + 1, W, C, N), x.dtype)  # + a row of g
             fused(dy, y, *sg, x, *sx, W, C * N, ph, pw, qh, qw, PH, PW, dx, *sd, spread, i_lo, i_hi, h0, h1)
 
         run_bands(H, W * C * N * x.itemsize, fused_band, one_pass=True)

@@ -92,13 +92,21 @@ void pool_fwd(const T* x, idx sxh, idx sxw, idx L, idx ph, idx pw, idx qh, idx q
 
 // Pool backward, dx rows [h0, h1): g = dy / y (0 where y <= 0) spread along W over the
 // window columns (q order), then along H over the window rows (p order), times x.  The
-// window rows [i_lo, i_hi) that cover the band are spread into ``spread`` ((i_hi - i_lo) x W
-// x L, the caller's scratch: a buffer allocated here would be mapped afresh every call).
+// window rows [i_lo, i_hi) that cover the band are spread into ``spread``, the caller's
+// scratch of (i_hi - i_lo + 1) x W x L (a buffer allocated here would be mapped afresh every
+// call); its last row holds one window row's g, so each quotient is taken once.
 template <class T>
 void pool_bwd(const T* dy, const T* y, idx sgh, idx sgw, const T* x, idx sxh, idx sxw, idx W, idx L,
               idx ph, idx pw, idx qh, idx qw, idx PH, idx PW, T* dx, idx sdh, idx sdw, T* spread,
               idx i_lo, idx i_hi, idx h0, idx h1) {
+  T* g = spread + (i_hi > i_lo ? i_hi - i_lo : 0) * W * L;
   for (idx i = i_lo; i < i_hi; ++i) {
+    for (idx j = 0; j < PW; ++j) {
+      const T* a = dy + i * sgh + j * sgw;
+      const T* b = y + i * sgh + j * sgw;
+      T* gj = g + j * L;
+      for (idx l = 0; l < L; ++l) gj[l] = b[l] > T(0) ? a[l] / b[l] : T(0);
+    }
     for (idx w = 0; w < W; ++w) {
       T* s = &spread[((i - i_lo) * W + w) * L];
       for (idx l = 0; l < L; ++l) s[l] = T(0);
@@ -106,9 +114,8 @@ void pool_bwd(const T* dy, const T* y, idx sgh, idx sgw, const T* x, idx sxh, id
         if (w - q < 0 || (w - q) % qw) continue;
         const idx j = (w - q) / qw;
         if (j >= PW) continue;
-        const T* a = dy + i * sgh + j * sgw;
-        const T* b = y + i * sgh + j * sgw;
-        for (idx l = 0; l < L; ++l) s[l] = s[l] + (b[l] > T(0) ? a[l] / b[l] : T(0));
+        const T* gj = g + j * L;
+        for (idx l = 0; l < L; ++l) s[l] = s[l] + gj[l];
       }
     }
   }
