@@ -70,12 +70,8 @@ NUMPY_SHAPES = SHAPES + [CPU_PAPER]
 def _one_step(lent: Any, fn: Callable[[], Any]) -> Callable[[], Any]:
     """``fn`` as one training step: its results in memory lent for the step, taken back at the next."""
     def step() -> Any:
-        lent.recycle()
-        lent.active = True
-        try:
+        with lent.step():
             return fn()
-        finally:
-            lent.active = False
     return step
 
 

@@ -134,16 +134,8 @@ class NetworkPlan:
         every step (:class:`~cotsdl.ops.Outputs`).  So arrays made inside one step (tapes, outputs,
         input gradients) are valid until the next step begins; copy what must live longer.
         Outside a step every array is new.  Nested calls are part of the outer step."""
-        if self.outputs.active:
+        with self.outputs.step():
             yield
-            return
-        self.outputs.recycle()
-        self.outputs.active = True
-        try:
-            yield
-        finally:
-            self.outputs.active = False
-            self.outputs.release_unused()
 
     def context(self, lp: LayerPlan, params: dict[int, np.ndarray] | None) -> Context:
         """The boxes, group reduction and weights a layer computes with on this rank."""

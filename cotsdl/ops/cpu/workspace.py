@@ -16,7 +16,8 @@ step, and outside a step every result is a fresh array as usual.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -57,6 +58,20 @@ class Outputs:
             for key, a in self._lent:
                 self._free.setdefault(key, []).append(a)
             self._lent = []
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """One step: lend inside the block, take back at the next step; nested calls join the outer step."""
+        if self.active:
+            yield
+            return
+        self.recycle()
+        self.active = True
+        try:
+            yield
+        finally:
+            self.active = False
+            self.release_unused()
 
     def release_unused(self) -> None:
         """A step ended: let go of what it did not ask for, so memory stays at one step's results."""
