@@ -21,6 +21,11 @@ the GIL in copies and matmul; BLAS runs single-threaded meanwhile).  Per band:
 
 Gathers and products live in a :class:`~cotsdl.ops.cpu.workspace.Workspace`, the
 caller's (a layer's, held by the network plan) or one for this call.
+
+With the native kernels on (:mod:`~cotsdl.ops.cpu.native`, ``filter.cpp``) the three
+passes are instead register-tiled products that read x, w and dy where they lie: no
+gather, no col2im, one near-equal share of the sites per thread.  They agree with this
+numpy path to rounding (FMAs, another summation order), not bit for bit.
 """
 from __future__ import annotations
 
@@ -32,7 +37,8 @@ import scipy.sparse as sp
 from numpy.lib.stride_tricks import as_strided
 
 from ..shapes import check_backward_data, check_backward_weights, check_weights
-from .parallel import chunk_bounds, colored_blocks, run_ranges
+from . import native
+from .parallel import chunk_bounds, colored_blocks, run_ranges, run_split
 from .workspace import Workspace, or_new
 
 
@@ -42,6 +48,17 @@ def _patches(x: np.ndarray, size: tuple[int, int], stride: tuple[int, int], site
     s0, s1, s2, s3 = x.strides
     return as_strided(x, shape=(sites[0], sites[1], size[0], size[1], C, N),
                       strides=(stride[0] * s0, stride[1] * s1, s0, s1, s2, s3), writeable=False)
+
+
+def _image_strides(a: np.ndarray) -> tuple[int, int, int] | None:
+    """Element strides of an (H, W, C, N) array's first three axes when its N images are
+    contiguous (what the native kernels take), else None."""
+    item = a.itemsize
+    if a.shape[3] > 1 and a.strides[3] != item:
+        return None
+    if any(s % item for s in a.strides[:3]):
+        return None
+    return a.strides[0] // item, a.strides[1] // item, a.strides[2] // item
 
 
 def _gather(p6: np.ndarray, i0: int, i1: int, ws: Workspace) -> np.ndarray:
@@ -80,6 +97,11 @@ def filter_forward(x: np.ndarray, w: np.ndarray, stride: tuple[int, int], block:
     p6 = _patches(x, (rh, rw), stride, (SH, SW))
     wf = w.reshape(SH * SW, M, R)
     y = ws.output((SH * block[0], SW * block[1], K, N), x.dtype)
+    kern, sx = native.kernel("lc_fwd", x.dtype), _image_strides(x)
+    if kern is not None and sx is not None and w.dtype == x.dtype:
+        w, sy = np.ascontiguousarray(w), _image_strides(y)
+        run_split(SH * SW, lambda s0, s1: kern(x, *sx, C, N, w, rh, rw, *stride, SW, y, *sy, *block, K, s0, s1))
+        return y
 
     def work(i0: int, i1: int) -> None:
         # Gather a cache-sized band of site rows, multiply while it is still in cache.
@@ -123,6 +145,17 @@ def filter_backward_data(dy: np.ndarray, w: np.ndarray, stride: tuple[int, int],
     sh, sw = stride
     dx = ws.output((H, W, C, N), dy.dtype)
     dx.fill(0)
+    # A site row writes the x rows of the next ceil(rh/sh) - 1 site rows too.
+    even, odd = colored_blocks(SH, -(-rh // sh) - 1)
+    kern = native.kernel("lc_bwd_data", dy.dtype)
+    if kern is not None and w.dtype == dy.dtype:
+        wc, sd, sx = np.ascontiguousarray(w), _image_strides(dy), _image_strides(dx)
+
+        def rows(i0: int, i1: int) -> None:
+            kern(dy, *sd, wc, rh, rw, C, N, sh, sw, SW, *block, K, dx, *sx, i0, i1)
+        run_ranges(even, rows)
+        run_ranges(odd, rows)
+        return dx
 
     def band(i0: int, i1: int) -> None:
         # The products of a band of site rows, summed into dx's rows while still in cache.
@@ -136,8 +169,6 @@ def filter_backward_data(dy: np.ndarray, w: np.ndarray, stride: tuple[int, int],
         for lo, hi in chunk_bounds(b1 - b0, SW * R * N * dy.itemsize, threads=1):
             band(b0 + lo, b0 + hi)
 
-    # A site row writes the x rows of the next ceil(rh/sh) - 1 site rows too.
-    even, odd = colored_blocks(SH, -(-rh // sh) - 1)
     run_ranges(even, block_of_bands)
     run_ranges(odd, block_of_bands)
     return dx
@@ -155,6 +186,15 @@ def filter_backward_weights(x: np.ndarray, dy: np.ndarray, size: tuple[int, int]
     ws = or_new(workspace)
     p6 = _patches(x, size, stride, (SH, SW))
     dw = np.empty((SH * SW, M, R), x.dtype) if out is None else out.reshape(SH * SW, M, R)
+    kern, sx = native.kernel("lc_bwd_w", x.dtype), _image_strides(x)
+    if kern is not None and sx is not None and dy.dtype == x.dtype and (out is None or out.flags.c_contiguous):
+        sd = _image_strides(dy)
+
+        def sites_(s0: int, s1: int) -> None:
+            scratch = ws.get("lc_bwd_w", (N * (M + R),), x.dtype)  # dY_s^T and X_s packed (filter.cpp)
+            kern(x, *sx, C, N, dy, *sd, rh, rw, *stride, SW, bh, bw, K, dw, scratch, s0, s1)
+        run_split(SH * SW, sites_)
+        return dw.reshape(SH, SW, M, rh, rw, C) if out is None else out
 
     def work(i0: int, i1: int) -> None:
         # dW_s = dY_s X_s^T: BLAS reads the gathered X transposed, dw is written once, in place.

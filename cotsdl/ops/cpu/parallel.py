@@ -121,6 +121,14 @@ def run_bands(n: int, bytes_per_row: int, work: Callable[[int, int], None], one_
     _on_pool(bands, work)
 
 
+def run_split(n: int, work: Callable[[int, int], None]) -> None:
+    """``work(lo, hi)`` over ``[0, n)`` cut into one near-equal range per thread: for native kernels
+    that compute (the filter's products), where equal shares balance and cache-sized bands
+    would only add hand-offs."""
+    count = min(n, num_threads())
+    _on_pool([(n * k // count, n * (k + 1) // count) for k in range(count)], work)
+
+
 def _on_pool(bounds: list[tuple[int, int]], work: Callable[[int, int], Any]) -> list[Any]:
     global _pool
     if len(bounds) <= 1:  # one band: on this thread, without asking how many threads there are

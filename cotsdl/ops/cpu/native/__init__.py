@@ -1,10 +1,13 @@
-"""Native kernels of the numpy backend: pooling's and LCN's element-wise passes, fused in C++.
+"""Native kernels of the numpy backend, in C++: pooling's and LCN's element-wise passes, and
+the filter's products.
 
 numpy makes one memory pass per operation (five for a pooling forward, about seven
 for an LCN); ``kernels.cpp`` reads and writes each array once per pass, over the
 same row bands and thread pool as the numpy code, and gives the same bits (same
-summation order, no FMA contraction).  The numpy path stays, and is what runs when
-the kernels are off:
+summation order, no FMA contraction).  ``filter.cpp`` runs the filter's three passes
+as register-tiled products that read x, w and dy in place (numpy gathers the fields
+first, then calls BLAS per band of sites); it agrees with the numpy path to rounding.
+The numpy path stays, and is what runs when the kernels are off:
 
 ``COTSDL_NATIVE``
     ``auto`` (default): built on first use with the C++ compiler (``CXX``, else
@@ -35,7 +38,9 @@ import numpy as np
 
 from ....cudaemu.build import compiler, kernel_cache
 
-SOURCE = Path(__file__).resolve().parent / "kernels.cpp"
+HERE = Path(__file__).resolve().parent
+#: kernels.cpp: pooling and LCN (same bits as numpy); filter.cpp: the filter's products (FMAs, BLAS-like rounding)
+SOURCES = (HERE / "kernels.cpp", HERE / "filter.cpp")
 FLAGS = ["-std=c++17", "-O3", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared", "-fvisibility=hidden"]
 _TUNE = [["-march=native"], []]  # tried in order: this CPU's vector units, else the compiler's default
 
@@ -67,7 +72,7 @@ _kernels: dict[tuple[str, np.dtype], Callable[..., None]] = {}
 
 @lru_cache(maxsize=1)
 def _signatures() -> dict[str, str]:
-    return signatures(SOURCE.read_text())
+    return {k: v for src in SOURCES for k, v in signatures(src.read_text()).items()}
 
 
 def mode() -> str:
@@ -104,23 +109,25 @@ def build() -> Path:
     except RuntimeError:
         raise RuntimeError("no C++ compiler (g++ or c++) on PATH; set CXX") from None
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-    source = SOURCE.read_text()
+    sources = [src.read_text() for src in SOURCES]
     folder = kernel_cache("native")
     folder.mkdir(parents=True, exist_ok=True)
     errors = []
     for tune in _TUNE:
-        key = hashlib.sha256("\0".join([source, *FLAGS, *tune, version, _cpu_flags()]).encode()).hexdigest()[:24]
+        key = hashlib.sha256("\0".join([*sources, *FLAGS, *tune, version, _cpu_flags()]).encode()).hexdigest()[:24]
         lib = folder / f"kernels-{key}.so"
         if lib.exists():
             return lib
         with tempfile.TemporaryDirectory(dir=folder, prefix=".build-") as tmp:
             out = Path(tmp) / "kernels.so"
-            res = subprocess.run([cxx, *FLAGS, *tune, str(SOURCE), "-o", str(out)], capture_output=True, text=True)
+            cmd = [cxx, *FLAGS, *tune, *map(str, SOURCES), "-o", str(out)]
+            res = subprocess.run(cmd, capture_output=True, text=True)
             if res.returncode == 0:
                 os.replace(out, lib)
                 return lib
             errors.append(f"{' '.join([cxx, *FLAGS, *tune])}: {res.stderr.strip()[:2000]}")
-    raise RuntimeError(f"building {SOURCE} failed:\n" + "\n".join(errors))
+    names = " and ".join(str(src) for src in SOURCES)
+    raise RuntimeError(f"building {names} failed:\n" + "\n".join(errors))
 
 
 def library() -> ctypes.CDLL | None:

@@ -1,0 +1,376 @@
+// cotsdl's native CPU kernels: the block locally-connected filter's three passes, as
+// small matrix products that read their operands where they lie (no gathered copy).
+//
+// Layout (DESIGN.md section 3, ops/cpu/filter.py): x (H, W, C, N), weights w (SH, SW, M,
+// rh, rw, C) C-contiguous with M = bh*bw*K, y (SH*bh, SW*bw, K, N).  The N images are
+// contiguous in x, y, dy and dx; their other strides are in elements, so views need no
+// copy.  Per site s = (i, j), Y_s (M x N) = W_s (M x R) X_s (R x N) with R = rh*rw*C:
+// field row k = (p, q, c) of X_s is the N-vector at
+//     x + (i*sh + p)*sx0 + (j*sw + q)*sx1 + c*sx2         (table `xoff`, R offsets)
+// and neuron m = (a*bw + b)*K + k of Y_s is the row at
+//     y + (i*bh + a)*sy0 + (j*bw + b)*sy1 + k*sy2         (table `yoff`, M offsets).
+//
+//   forward           Y_s   = W_s X_s          rows m, columns n, reduction over k
+//   backward-data     dX_s += W_s^T dY_s       rows k, columns n, reduction over m
+//   backward-weights  dW_s^T = X_s dY_s^T      rows k, columns m, reduction over n
+// Backward-weights packs dY_s^T (N x M) and X_s (in blocks of L rows, n-major) per site
+// into the caller's scratch, and stores each L x L tile transposed in registers.
+//
+// Thread map: one call computes the sites [s0, s1) (forward, backward-weights: a site
+// writes only its own outputs) or the site rows [i0, i1) (backward-data adds into dx
+// rows that the next ceil(rh/sh) - 1 site rows add to too, so Python runs site-row
+// blocks of one colour at a time, ops/cpu/parallel.colored_blocks).  Python runs the
+// calls on its thread pool; ctypes releases the GIL.
+//
+// Register tile: MR = 6 rows x NV = 2 vectors of 32 bytes (12 accumulators of 16 AVX
+// registers; backward-weights: L x L, 8 accumulators for float), one broadcast per row
+// and NV loads per step of the reduction.  Rows outermost, so a tile's A rows stay in
+// L1 while the columns sweep.  Columns past the last whole vector take a scalar loop.
+// The vectors are GCC/Clang vector extensions: AVX2 with -march=native on x86, split
+// into narrower registers elsewhere.
+//
+// Numerics: unlike kernels.cpp this file contracts products into FMAs (the pragma
+// below), and each output sums its reduction in order (k, m or n ascending).  Results
+// agree with the numpy path (BLAS) to rounding, not bit for bit.
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+#if defined(__clang__)
+#pragma clang fp contract(fast)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=fast")
+#endif
+
+namespace {
+
+using idx = long;
+// Rows of w or dw that a chunk of backward-data's reduction, or of backward-weights' columns,
+// touches at once.  P-paper's rows are a page apart: chunks of 16 rows ran backward-data at
+// 53-55 GFLOP/s on one core, of 32 at 43-44, of 128 at 44-47.  Up to 32 rows stay whole (a
+// split adds a pass over the output: 8% on B's backward-data).
+idx chunk(idx rows) { return rows <= 32 ? rows : 16; }
+
+template <class T>
+struct Vec;
+template <>
+struct Vec<float> {
+  typedef float type __attribute__((vector_size(32)));
+  static constexpr int L = 8;
+};
+template <>
+struct Vec<double> {
+  typedef double type __attribute__((vector_size(32)));
+  static constexpr int L = 4;
+};
+
+template <class T>
+inline typename Vec<T>::type load(const T* p) {
+  typename Vec<T>::type v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <class T>
+inline void store(T* p, typename Vec<T>::type v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+// Broadcasts written out (V{} + a would add 0.0 first, since -0.0 + 0.0 != -0.0; a loop over
+// the lanes is not recognized as a broadcast and spills the accumulators).
+inline Vec<float>::type splat(float a) { return Vec<float>::type{a, a, a, a, a, a, a, a}; }
+inline Vec<double>::type splat(double a) { return Vec<double>::type{a, a, a, a}; }
+
+// Two vectors' lanes picked by constant indices (0..2L-1 over a, then b).
+#if defined(__clang__)
+#define COTSDL_SHUFFLE(V, a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define COTSDL_SHUFFLE(V, a, b, ...) __builtin_shuffle(a, b, Mask<V>::type{__VA_ARGS__})
+#endif
+
+template <class V>
+struct Mask;
+template <>
+struct Mask<Vec<float>::type> {
+  typedef int type __attribute__((vector_size(32)));
+};
+template <>
+struct Mask<Vec<double>::type> {
+  typedef long long type __attribute__((vector_size(32)));
+};
+
+// An L x L block transposed in registers: r[i][l] -> r[l][i] (unpack, shuffle, swap halves).
+inline void transpose(Vec<float>::type* r) {
+  using V = Vec<float>::type;
+  V t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = COTSDL_SHUFFLE(V, r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[i + 1] = COTSDL_SHUFFLE(V, r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int h = 0; h < 8; h += 4)
+    for (int j = 0; j < 2; ++j) {
+      u[h + 2 * j] = COTSDL_SHUFFLE(V, t[h + j], t[h + j + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+      u[h + 2 * j + 1] = COTSDL_SHUFFLE(V, t[h + j], t[h + j + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+  for (int l = 0; l < 4; ++l) {
+    r[l] = COTSDL_SHUFFLE(V, u[l], u[l + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    r[l + 4] = COTSDL_SHUFFLE(V, u[l], u[l + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+}
+
+inline void transpose(Vec<double>::type* r) {
+  using V = Vec<double>::type;
+  const V t0 = COTSDL_SHUFFLE(V, r[0], r[1], 0, 4, 2, 6), t1 = COTSDL_SHUFFLE(V, r[0], r[1], 1, 5, 3, 7);
+  const V t2 = COTSDL_SHUFFLE(V, r[2], r[3], 0, 4, 2, 6), t3 = COTSDL_SHUFFLE(V, r[2], r[3], 1, 5, 3, 7);
+  r[0] = COTSDL_SHUFFLE(V, t0, t2, 0, 1, 4, 5);
+  r[1] = COTSDL_SHUFFLE(V, t1, t3, 0, 1, 4, 5);
+  r[2] = COTSDL_SHUFFLE(V, t0, t2, 2, 3, 6, 7);
+  r[3] = COTSDL_SHUFFLE(V, t1, t3, 2, 3, 6, 7);
+}
+
+// C (=, +=, = transposed) A B: rows r, columns l, a reduction over k.
+//   A(r, k) = arow[r][k], or, without row pointers, a[k*ak + r]
+//   B(k, l) = b[boff[k] + l]            C(r, l) = c[r][l*lc]
+// Without row pointers a tile's A needs one register, not MR (with MR pointers GCC spills
+// them and the loop becomes load-bound).  TRANSPOSED: lc is C's column stride and
+// c[r] = c[0] + r, so an L x L block is stored as L vectors after a transpose in registers.
+enum Out { SET, ADD, TRANSPOSED };
+
+template <class T>
+struct Product {
+  const T* const* arow;
+  const T* a;
+  idx ak;
+  const T* b;
+  const idx* boff;
+  T* const* c;
+  idx lc;
+};
+
+// Rows [r, r + MR), columns [n0, n0 + L*NV), reduction [k0, k1).
+template <class T, int MR, int NV, Out O, bool ROWS>
+inline void tile(const Product<T>& P, idx r, idx k0, idx k1, idx n0) {
+  using V = typename Vec<T>::type;
+  constexpr int L = Vec<T>::L;
+  const T* ap[MR];
+  if (ROWS)
+    for (int i = 0; i < MR; ++i) ap[i] = P.arow[r + i];
+  const T* as = P.a + r;
+  const idx ak = P.ak;
+  V acc[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) acc[i][v] = V{};
+  for (idx k = k0; k < k1; ++k) {
+    const T* bk = P.b + P.boff[k] + n0;
+    V bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = load<T>(bk + v * L);
+    for (int i = 0; i < MR; ++i) {
+      const V ai = splat(ROWS ? ap[i][k] : as[k * ak + i]);
+      for (int v = 0; v < NV; ++v) acc[i][v] += ai * bv[v];
+    }
+  }
+  T* const* c = P.c + r;
+  if (O == TRANSPOSED && MR == L) {
+    for (int v = 0; v < NV; ++v) {
+      V blk[L];
+      for (int i = 0; i < L; ++i) blk[i] = acc[i][v];
+      transpose(blk);
+      for (int l = 0; l < L; ++l) store<T>(c[0] + (n0 + v * L + l) * P.lc, blk[l]);
+    }
+    return;
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) {
+      if (O == SET) {
+        store<T>(c[i] + n0 + v * L, acc[i][v]);
+      } else if (O == ADD) {
+        store<T>(c[i] + n0 + v * L, load<T>(c[i] + n0 + v * L) + acc[i][v]);
+      } else {
+        for (int l = 0; l < L; ++l) c[i][(n0 + v * L + l) * P.lc] = acc[i][v][l];
+      }
+    }
+}
+
+// The same, one number at a time, for the columns [n0, n1) that do not fill a vector.
+template <class T, Out O>
+void tail(const Product<T>& P, idx r, int mr, idx k0, idx k1, idx n0, idx n1) {
+  for (int i = 0; i < mr; ++i)
+    for (idx n = n0; n < n1; ++n) {
+      T s = T(0);
+      for (idx k = k0; k < k1; ++k) s += (P.arow ? P.arow[r + i][k] : P.a[k * P.ak + r + i]) * P.b[P.boff[k] + n];
+      T& out = P.c[r + i][n * P.lc];
+      out = O == ADD ? out + s : s;
+    }
+}
+
+template <class T, int MR, int NV, Out O>
+void row_block(const Product<T>& P, idx r, idx k0, idx k1, idx n0, idx n1) {
+  constexpr int L = Vec<T>::L;
+  if (P.arow) {
+    for (; n0 + NV * L <= n1; n0 += NV * L) tile<T, MR, NV, O, true>(P, r, k0, k1, n0);
+    for (; NV > 1 && n0 + L <= n1; n0 += L) tile<T, MR, 1, O, true>(P, r, k0, k1, n0);
+  } else {
+    for (; n0 + NV * L <= n1; n0 += NV * L) tile<T, MR, NV, O, false>(P, r, k0, k1, n0);
+    for (; NV > 1 && n0 + L <= n1; n0 += L) tile<T, MR, 1, O, false>(P, r, k0, k1, n0);
+  }
+  if (n0 < n1) tail<T, O>(P, r, MR, k0, k1, n0, n1);
+}
+
+// Rows [r0, r1): blocks of 6 (TRANSPOSED: of L first), then the rest.
+template <class T, Out O>
+void rows_of(const Product<T>& P, idx r0, idx r1, idx k0, idx k1, idx n0, idx n1) {
+  constexpr int L = Vec<T>::L;
+  idx r = r0;
+  if (O == TRANSPOSED)  // L x L blocks: 8 accumulators for float, 4 x 2 for double
+    for (; r + L <= r1; r += L) row_block<T, L, 8 / L, O>(P, r, k0, k1, n0, n1);
+  for (; r + 6 <= r1; r += 6) row_block<T, 6, 2, O>(P, r, k0, k1, n0, n1);
+  switch (r1 - r) {
+    case 5: row_block<T, 5, 2, O>(P, r, k0, k1, n0, n1); break;
+    case 4: row_block<T, 4, 2, O>(P, r, k0, k1, n0, n1); break;
+    case 3: row_block<T, 3, 2, O>(P, r, k0, k1, n0, n1); break;
+    case 2: row_block<T, 2, 2, O>(P, r, k0, k1, n0, n1); break;
+    case 1: row_block<T, 1, 2, O>(P, r, k0, k1, n0, n1); break;
+    default: break;
+  }
+}
+
+// C = A B over `rows` rows, `ncols` columns and a reduction of `kn`, the reduction in chunks
+// of `kc` (after the first, each chunk adds to C): the rows of A a chunk touches then fit
+// in the TLB (P-paper's weight rows are a page apart).
+template <class T, Out O>
+void panel(const Product<T>& P, idx rows, idx kn, idx ncols, idx kc) {
+  for (idx k0 = 0; k0 < kn; k0 += kc) {
+    const idx k1 = k0 + kc < kn ? k0 + kc : kn;
+    if (k0 == 0 || O == ADD)
+      rows_of<T, O>(P, 0, rows, k0, k1, 0, ncols);
+    else
+      rows_of<T, ADD>(P, 0, rows, k0, k1, 0, ncols);
+  }
+}
+
+// Offsets of a site's field rows k = (p, q, c) and of its neurons m = (a, b, k).
+std::vector<idx> field_offsets(idx rh, idx rw, idx C, idx s0, idx s1, idx s2) {
+  std::vector<idx> off(rh * rw * C);
+  for (idx p = 0, k = 0; p < rh; ++p)
+    for (idx q = 0; q < rw; ++q)
+      for (idx c = 0; c < C; ++c) off[k++] = p * s0 + q * s1 + c * s2;
+  return off;
+}
+
+template <class T>
+void lc_fwd(const T* x, idx sx0, idx sx1, idx sx2, idx C, idx N, const T* w, idx rh, idx rw, idx sh, idx sw,
+            idx SW, T* y, idx sy0, idx sy1, idx sy2, idx bh, idx bw, idx K, idx s0, idx s1) {
+  const idx R = rh * rw * C, M = bh * bw * K;
+  const std::vector<idx> xoff = field_offsets(rh, rw, C, sx0, sx1, sx2);
+  const std::vector<idx> yoff = field_offsets(bh, bw, K, sy0, sy1, sy2);
+  std::vector<const T*> a(M);
+  std::vector<T*> c(M);
+  for (idx s = s0; s < s1; ++s) {
+    const idx i = s / SW, j = s % SW;
+    const T* ws = w + s * M * R;
+    T* yb = y + i * bh * sy0 + j * bw * sy1;
+    for (idx m = 0; m < M; ++m) {
+      a[m] = ws + m * R;
+      c[m] = yb + yoff[m];
+    }
+    const Product<T> P{a.data(), nullptr, 1, x + i * sh * sx0 + j * sw * sx1, xoff.data(), c.data(), 1};
+    panel<T, SET>(P, M, R, N, R);
+  }
+}
+
+template <class T>
+void lc_bwd_data(const T* dy, idx sd0, idx sd1, idx sd2, const T* w, idx rh, idx rw, idx C, idx N, idx sh, idx sw,
+                 idx SW, idx bh, idx bw, idx K, T* dx, idx sx0, idx sx1, idx sx2, idx i0, idx i1) {
+  const idx R = rh * rw * C, M = bh * bw * K;
+  const std::vector<idx> xoff = field_offsets(rh, rw, C, sx0, sx1, sx2);
+  const std::vector<idx> dyoff = field_offsets(bh, bw, K, sd0, sd1, sd2);
+  std::vector<T*> c(R);
+  for (idx i = i0; i < i1; ++i)
+    for (idx j = 0; j < SW; ++j) {  // in order: the sites of a row overlap
+      const T* ws = w + (i * SW + j) * M * R;
+      T* xb = dx + i * sh * sx0 + j * sw * sx1;
+      for (idx k = 0; k < R; ++k) c[k] = xb + xoff[k];
+      const Product<T> P{nullptr, ws, R, dy + i * bh * sd0 + j * bw * sd1, dyoff.data(), c.data(), 1};
+      panel<T, ADD>(P, R, M, N, chunk(M));
+    }
+}
+
+// X_s's rows [k0, k0 + L) as N x L (n-major) at pk: L x L blocks transposed in registers.
+template <class T>
+void pack_rows(const T* const* rows, idx N, T* pk) {
+  using V = typename Vec<T>::type;
+  constexpr int L = Vec<T>::L;
+  idx n = 0;
+  for (; n + L <= N; n += L) {
+    V blk[L];
+    for (int i = 0; i < L; ++i) blk[i] = load<T>(rows[i] + n);
+    transpose(blk);
+    for (int l = 0; l < L; ++l) store<T>(pk + (n + l) * L, blk[l]);
+  }
+  for (; n < N; ++n)
+    for (int i = 0; i < L; ++i) pk[n * L + i] = rows[i][n];
+}
+
+template <class T>
+void lc_bwd_w(const T* x, idx sx0, idx sx1, idx sx2, idx C, idx N, const T* dy, idx sd0, idx sd1, idx sd2, idx rh,
+              idx rw, idx sh, idx sw, idx SW, idx bh, idx bw, idx K, T* dw, T* scratch, idx s0, idx s1) {
+  constexpr int L = Vec<T>::L;
+  const idx R = rh * rw * C, M = bh * bw * K, RL = R - R % L;
+  const std::vector<idx> xoff = field_offsets(rh, rw, C, sx0, sx1, sx2);
+  const std::vector<idx> dyoff = field_offsets(bh, bw, K, sd0, sd1, sd2);
+  std::vector<idx> noff(N);
+  for (idx n = 0; n < N; ++n) noff[n] = n * M;
+  std::vector<const T*> a(R);
+  std::vector<T*> c(R);
+  T* dyt = scratch;       // dY_s^T, N x M
+  T* pk = scratch + N * M;  // X_s's rows packed in blocks of L, (R / L) x N x L
+  for (idx s = s0; s < s1; ++s) {
+    const idx i = s / SW, j = s % SW;
+    const T* xb = x + i * sh * sx0 + j * sw * sx1;
+    const T* db = dy + i * bh * sd0 + j * bw * sd1;
+    for (idx m = 0; m < M; ++m)
+      for (idx n = 0; n < N; ++n) dyt[n * M + m] = db[dyoff[m] + n];
+    T* dws = dw + s * M * R;
+    for (idx k = 0; k < R; ++k) {
+      a[k] = xb + xoff[k];
+      c[k] = dws + k;
+    }
+    for (idx k0 = 0; k0 < RL; k0 += L) pack_rows<T>(a.data() + k0, N, pk + k0 * N);
+    // Columns (neurons m) in chunks outermost: the rows of dW a chunk stores to fit in the TLB.
+    for (idx m0 = 0; m0 < M; m0 += chunk(M)) {
+      const idx m1 = m0 + chunk(M) < M ? m0 + chunk(M) : M;
+      for (idx k0 = 0; k0 < RL; k0 += L) {
+        const Product<T> P{nullptr, pk + k0 * N, L, dyt, noff.data(), c.data() + k0, R};
+        row_block<T, L, 8 / L, TRANSPOSED>(P, 0, 0, N, m0, m1);
+      }
+      if (RL < R) {
+        const Product<T> P{a.data(), nullptr, 1, dyt, noff.data(), c.data(), R};
+        rows_of<T, TRANSPOSED>(P, RL, R, 0, N, m0, m1);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+#define COTSDL_EXPORT extern "C" __attribute__((visibility("default")))
+
+#define COTSDL_FILTER_KERNELS(T, S)                                                                             \
+  COTSDL_EXPORT void cotsdl_lc_fwd_##S(const T* x, idx sx0, idx sx1, idx sx2, idx C, idx N, const T* w, idx rh, \
+                                       idx rw, idx sh, idx sw, idx SW, T* y, idx sy0, idx sy1, idx sy2, idx bh,  \
+                                       idx bw, idx K, idx s0, idx s1) {                                          \
+    lc_fwd<T>(x, sx0, sx1, sx2, C, N, w, rh, rw, sh, sw, SW, y, sy0, sy1, sy2, bh, bw, K, s0, s1);               \
+  }                                                                                                              \
+  COTSDL_EXPORT void cotsdl_lc_bwd_data_##S(const T* dy, idx sd0, idx sd1, idx sd2, const T* w, idx rh, idx rw,  \
+                                            idx C, idx N, idx sh, idx sw, idx SW, idx bh, idx bw, idx K, T* dx,  \
+                                            idx sx0, idx sx1, idx sx2, idx i0, idx i1) {                         \
+    lc_bwd_data<T>(dy, sd0, sd1, sd2, w, rh, rw, C, N, sh, sw, SW, bh, bw, K, dx, sx0, sx1, sx2, i0, i1);        \
+  }                                                                                                              \
+  COTSDL_EXPORT void cotsdl_lc_bwd_w_##S(const T* x, idx sx0, idx sx1, idx sx2, idx C, idx N, const T* dy,       \
+                                         idx sd0, idx sd1, idx sd2, idx rh, idx rw, idx sh, idx sw, idx SW,      \
+                                         idx bh, idx bw, idx K, T* dw, T* dyt, idx s0, idx s1) {                 \
+    lc_bwd_w<T>(x, sx0, sx1, sx2, C, N, dy, sd0, sd1, sd2, rh, rw, sh, sw, SW, bh, bw, K, dw, dyt, s0, s1);      \
+  }
+
+COTSDL_FILTER_KERNELS(float, f32)
+COTSDL_FILTER_KERNELS(double, f64)

@@ -1,0 +1,117 @@
+"""The native filter kernels (ops/cpu/native/filter.cpp) against the numpy path.
+
+They contract products into FMAs and sum in their own order, so they are not bitwise
+the numpy path: each result is held to the error bound of a float sum, against the
+numpy path in float64, ``|got - exact| <= c * eps * sum |terms|``, where the sum of
+absolute terms is the same pass run on absolute values.  Shapes are fuzzed to cover
+the register tiles' edges: rows not a multiple of 6 or 8, images not a multiple of
+the vector width, blocks, strided views, 1-3 threads.
+"""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cotsdl.ops.cpu import filter as cf
+from cotsdl.ops.cpu import native, parallel
+
+FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def cases(draw):
+    rh, rw = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    H, W = rh + sh * draw(st.integers(0, 3)), rw + sw * draw(st.integers(0, 3))
+    C, N = draw(st.integers(1, 4)), draw(st.sampled_from([1, 3, 8, 13, 16, 24, 37]))
+    block, K = (draw(st.integers(1, 2)), draw(st.integers(1, 2))), draw(st.integers(1, 7))
+    return (H, W, C, N), (rh, rw), (sh, sw), block, K, draw(st.sampled_from([np.float32, np.float64]))
+
+
+def arrays(case, view, seed=0):
+    (H, W, C, N), (rh, rw), (sh, sw), block, K, dtype = case
+    rng = np.random.default_rng(seed)
+    SH, SW = (H - rh) // sh + 1, (W - rw) // sw + 1
+    big = rng.standard_normal((H + 2, W + 3, C, N)).astype(dtype)
+    x = big[1:-1, 2:-1] if view else np.ascontiguousarray(big[1:-1, 2:-1])  # a window of a larger array
+    w = rng.standard_normal((SH, SW, block[0] * block[1] * K, rh, rw, C)).astype(dtype)
+    dy = rng.standard_normal((SH * block[0], SW * block[1], K, N)).astype(dtype)
+    return x, w, dy
+
+
+def passes(x, w, dy, size, stride, block):
+    return (cf.filter_forward(x, w, stride, block).copy(),
+            cf.filter_backward_data(dy, w, stride, block, x.shape).copy(),
+            cf.filter_backward_weights(x, dy, size, stride, block).copy())
+
+
+def assert_within_sum_bound(got, exact, terms, length, dtype):
+    """|got - exact| <= (length + 2) * eps * sum |terms|, elementwise (a float sum's bound)."""
+    eps = np.finfo(dtype).eps
+    excess = np.abs(got.astype(np.float64) - exact) - (length + 2) * eps * terms
+    assert excess.max(initial=0.0) <= 1e-300, f"error beyond the bound by {excess.max():.3g}"
+
+
+@FUZZ
+@given(cases(), st.booleans(), st.integers(1, 3))
+def test_native_filter_within_the_sum_bound(case, view, threads):
+    (H, W, C, N), size, stride, block, K, dtype = case
+    x, w, dy = arrays(case, view)
+    parallel.set_num_threads(threads)
+    try:
+        with native.use(True):
+            got = passes(x, w, dy, size, stride, block)
+        with native.use(False):
+            exact = passes(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64), size, stride, block)
+            terms = passes(np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64)),
+                           np.abs(dy.astype(np.float64)), size, stride, block)
+    finally:
+        parallel.set_num_threads(None)
+    R, M = size[0] * size[1] * C, block[0] * block[1] * K
+    for g, e, t, length in zip(got, exact, terms, (R, M * size[0] * size[1], N)):
+        assert g.dtype == dtype and g.shape == e.shape
+        assert_within_sum_bound(g, e, t, length, dtype)
+
+
+def test_paper_like_shape_with_chunked_rows():
+    """More than 32 neurons: backward-data's reduction and backward-weights' columns run in chunks."""
+    case = ((14, 12, 3, 16), (6, 5), (2, 2), (2, 2), 10, np.float32)  # M = 40, R = 90
+    x, w, dy = arrays(case, view=False, seed=1)
+    with native.use(True):
+        got = passes(x, w, dy, (6, 5), (2, 2), (2, 2))
+    with native.use(False):
+        want = passes(x, w, dy, (6, 5), (2, 2), (2, 2))
+    for g, e in zip(got, want):
+        np.testing.assert_allclose(g, e, rtol=2e-5, atol=2e-5 * np.abs(e).max())
+
+
+def test_layouts_the_kernels_cannot_take_fall_back():
+    case = ((9, 8, 3, 5), (3, 3), (2, 2), (1, 2), 3, np.float32)
+    x, w, dy = arrays(case, view=False)
+    xt = x.transpose(0, 1, 3, 2).copy().transpose(0, 1, 3, 2)  # images not contiguous
+    out = np.zeros((w.shape[0], w.shape[1] * 2) + w.shape[2:], w.dtype)[:, ::2]  # a strided out=
+    with native.use(True):
+        got = cf.filter_forward(xt, w, (2, 2), (1, 2)).copy()
+        dw = cf.filter_backward_weights(xt, dy, (3, 3), (2, 2), (1, 2), out=out)
+    with native.use(False):
+        want = cf.filter_forward(x, w, (2, 2), (1, 2))
+        dw_want = cf.filter_backward_weights(x, dy, (3, 3), (2, 2), (1, 2))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert dw is out
+    np.testing.assert_allclose(out, dw_want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_backward_weights_into_out(threads):
+    case = ((10, 10, 2, 16), (4, 4), (2, 2), (1, 1), 7, np.float32)
+    x, w, dy = arrays(case, view=True)
+    out = np.full_like(w, np.nan)
+    parallel.set_num_threads(threads)
+    try:
+        with native.use(True):
+            assert cf.filter_backward_weights(x, dy, (4, 4), (2, 2), (1, 1), out=out) is out
+        with native.use(False):
+            want = cf.filter_backward_weights(x, dy, (4, 4), (2, 2), (1, 1))
+    finally:
+        parallel.set_num_threads(None)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
