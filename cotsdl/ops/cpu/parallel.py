@@ -10,6 +10,7 @@ per node, the caller sets the thread count to the node's cores per rank
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -130,15 +131,50 @@ def run_split(n: int, work: Callable[[int, int], None]) -> None:
 
 
 def _on_pool(bounds: list[tuple[int, int]], work: Callable[[int, int], Any]) -> list[Any]:
+    """``work(lo, hi)`` for every range, results in order.
+
+    The calling thread works too, beside ``threads - 1`` pool threads, each taking the next
+    range as it is free: one hand-off fewer per call (shape A's one-process training step,
+    12 interleaved rounds: best 9.4 -> 8.5 ms, medians within this VM's noise).  After an
+    error no new range starts; the first error is raised once every thread has stopped.
+    """
     global _pool
     if len(bounds) <= 1:  # one band: on this thread, without asking how many threads there are
         return [work(lo, hi) for lo, hi in bounds]
     threads = min(num_threads(), len(bounds))
     if threads <= 1:
         return [work(lo, hi) for lo, hi in bounds]
-    if _pool is None or _pool._max_workers != threads:  # noqa: SLF001 - resize on demand
-        _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="cotsdl")
-    return [f.result() for f in [_pool.submit(work, lo, hi) for lo, hi in bounds]]
+    if _pool is None or _pool._max_workers != threads - 1:  # noqa: SLF001 - resize on demand
+        if _pool is not None:
+            _pool.shutdown()
+        _pool = ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="cotsdl")
+    results: list[Any] = [None] * len(bounds)
+    todo = iter(range(len(bounds)))
+    lock = threading.Lock()
+    failed: list[BaseException] = []
+
+    def drain() -> None:
+        while True:
+            with lock:
+                i = None if failed else next(todo, None)
+            if i is None:
+                return
+            try:
+                results[i] = work(*bounds[i])
+            except BaseException as e:
+                with lock:
+                    failed.append(e)
+                raise
+
+    helpers = [_pool.submit(drain) for _ in range(threads - 1)]
+    try:
+        drain()
+    finally:
+        errors = [f.exception() for f in helpers]  # every helper finished before anything returns
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
 
 
 def chunked(n: int, work: Callable[[int, int], Any], bytes_per_item: int) -> list[Any]:
