@@ -75,6 +75,9 @@ def private_comm(comm: MPI.Comm) -> MPI.Comm:
     return dup
 
 
+_IN_PLACE = object()  # _copy_self: the own part of a sum is already where it belongs
+
+
 class _Pending:
     """A started exchange: call :meth:`wait` before touching either array."""
 
@@ -304,6 +307,8 @@ class ExchangePlan:
         self.calls += 1
         self._in_flight.add(direction)
         mine = self._copy_self(route, src, dst, add, zero)  # while the messages travel
+        if mine is _IN_PLACE:  # a sum whose own part already lies in place: nothing to clear or add
+            mine = zero = None
         self.seconds += time.perf_counter() - t_start
         return _Pending(lambda: self._finish(direction, route, reqs, dst, add, zero, mine))
 
@@ -361,6 +366,11 @@ class ExchangePlan:
         own = self.self_box
         if self._no_self or (src.data is dst.data and route.same_windows and not add):
             return None
+        if (add and zero is not None and src.data is dst.data and route.same_windows and own == route.dst_box
+                and zero.size == dst.data.size):
+            # Summed into the same buffer, this rank's own part covering all of it: clearing it and
+            # adding the own part back would leave it as it is (the plan's one-rank windows).
+            return _IN_PLACE
         mine = src.data[own.slices_in(route.src_box)]
         if not add:
             dst.data[own.slices_in(route.dst_box)] = mine

@@ -146,9 +146,21 @@ class NetworkPlan:
     def _fill_window(self, lp: LayerPlan, x: DistArray) -> Any:
         """Layer ``lp``'s input window on this rank, filled from the owners of ``x``."""
         xp = backend.array_module(x.data)
-        win = DistArray(x.comm, lp.in_shape, lp.window, data=self.outputs.empty(lp.window.shape, self.dtype, xp))
+        if self._is_window(x.data, x.window, lp):  # this rank needs only what it owns: no copy
+            data = x.data
+        else:
+            data = self.outputs.empty(lp.window.shape, self.dtype, xp)
+        win = DistArray(x.comm, lp.in_shape, lp.window, data=data)
         lp.exchange.exchange(x, win, validate=False)
         return win.data
+
+    def _is_window(self, data: Any, box: Box, lp: LayerPlan) -> bool:
+        """Whether ``data`` (laid out on ``box``) can serve as layer ``lp``'s input window itself: the
+        window is this rank's owned box (one rank, or a layer without halos), so the exchange moves
+        nothing into it and leaves it in place (the layers only read their input windows)."""
+        return (not box.is_empty and box == lp.window and data.dtype == self.dtype
+                and tuple(data.shape) == lp.window.shape == box.shape
+                and bool(getattr(getattr(data, "flags", None), "c_contiguous", False)))
 
     def _start_sum_window(self, lp: LayerPlan, dwin: Any) -> tuple[DistArray, Any]:
         """Begin summing the contributions on layer ``lp``'s input window into their owners (the adjoint
@@ -157,8 +169,11 @@ class NetworkPlan:
         xp = backend.array_module(dwin)
         comm = self.grid.comm
         src = DistArray(comm, lp.in_shape, lp.window, data=dwin.astype(self.dtype, copy=False))
-        owners = DistArray(comm, lp.in_shape, lp.src_owned, lp.src_owned,
-                           data=self.outputs.empty(lp.src_owned.shape, self.dtype, xp))
+        if self._is_window(src.data, lp.src_owned, lp):  # the sums land where they lie (see _is_window)
+            data = src.data
+        else:
+            data = self.outputs.empty(lp.src_owned.shape, self.dtype, xp)
+        owners = DistArray(comm, lp.in_shape, lp.src_owned, lp.src_owned, data=data)
         return owners, lp.exchange.start_adjoint(src, owners, validate=False)
 
     def _layers(self, start: int, upto: int | None) -> list[LayerPlan]:

@@ -133,14 +133,15 @@ def test_split_phase_start_then_wait(comm):
     grid.free()
 
 
+@pytest.mark.parametrize("halo", [((1, 2), (2, 1)), ((0, 0), (0, 0))])  # the latter: window = owned box
 @pytest.mark.parametrize("accumulate", [False, True])
 @pytest.mark.parametrize("dims", grids())
-def test_in_place_adjoint_equals_separate_buffers(comm, dims, accumulate):
+def test_in_place_adjoint_equals_separate_buffers(comm, dims, accumulate, halo):
     rng = np.random.default_rng(77)
     shape = random_shape(rng, lo=3)
     grid = ProcessGrid(comm, dims)
     gbox = Box.from_shape(shape)
-    win = lambda b: grow(b, (1, 2), (2, 1), gbox)  # noqa: E731
+    win = lambda b: grow(b, halo[0], halo[1], gbox)  # noqa: E731
     local = np.random.default_rng([3, comm.Get_rank()])
     arr = DistArray.on_grid(grid, shape, np.float64, window=win)
     arr.data[...] = local.standard_normal(arr.window.shape)
