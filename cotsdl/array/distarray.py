@@ -28,6 +28,9 @@ def layout_error(shape: Sequence[int], window: Box, owned: Box | None) -> str | 
     return None
 
 
+_VALID_LAYOUTS: set[tuple] = set()  # (shape, window, owned) corners that passed layout_error
+
+
 def fits(data: Any, window: Box) -> bool:
     """True if ``data`` is a buffer for ``window`` (any zero-size buffer of its rank fits an empty box)."""
     if window.is_empty:
@@ -64,9 +67,14 @@ class DistArray:
         self.shape = tuple(int(s) for s in shape)
         self.window = window
         self.owned = owned
-        err = layout_error(self.shape, window, owned)
-        if err:
-            raise ValueError(err)
+        key = (self.shape, window.to_tuple(), None if owned is None else owned.to_tuple())
+        if key not in _VALID_LAYOUTS:  # a step makes a dozen arrays of the same few layouts
+            err = layout_error(self.shape, window, owned)
+            if err:
+                raise ValueError(err)
+            if len(_VALID_LAYOUTS) >= 4096:
+                _VALID_LAYOUTS.clear()
+            _VALID_LAYOUTS.add(key)
         if data is None:
             data = np.zeros(window.shape, dtype=dtype)
         elif not fits(data, window):
