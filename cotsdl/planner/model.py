@@ -49,12 +49,15 @@ class LayerCounts:
     out_elems: np.ndarray
     sent: np.ndarray  # bytes of one (forward) exchange into the window; the adjoint swaps sent/received
     received: np.ndarray
-    local: np.ndarray  # bytes copied from the rank's own block into its window
+    local: np.ndarray  # bytes of the rank's own block inside its window
     msgs_sent: np.ndarray
     msgs_received: np.ndarray
     #: border strips the forward computes after its halos arrive, with overlap (0: the layer is not
     #: split on that rank -- no halo, no interior, or an LCN -- and overlap changes nothing there)
     strips: np.ndarray
+    #: bytes the exchange copies from the rank's own block into its window: ``local``, or 0 where the
+    #: window is the owned block (NetworkPlan then uses the input itself as the window)
+    copied: np.ndarray
     name: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -78,7 +81,7 @@ def layer_counts(network: Network, batch: int, dims: Sequence[int], itemsize: in
         units = math.prod(layer.sites(first.in_shape))
         whole = layer.cost(first.in_shape, itemsize)
         arr = lambda: np.zeros(G)  # noqa: E731
-        sent, recv, local, ms, mr, strips = arr(), arr(), arr(), arr(), arr(), arr()
+        sent, recv, local, ms, mr, strips, copied = arr(), arr(), arr(), arr(), arr(), arr(), arr()
         passes = {p: (arr(), arr()) for p in whole}
         prank = arr()
         wshape = layer.weight_shape(first.in_shape) if layer.kind == "filter" else None
@@ -87,6 +90,7 @@ def layer_counts(network: Network, batch: int, dims: Sequence[int], itemsize: in
             sent[r] = sum(t.box.size for t in s if t.peer != r) * itemsize
             recv[r] = sum(t.box.size for t in rc if t.peer != r) * itemsize
             local[r] = sum(t.box.size for t in s if t.peer == r) * itemsize
+            copied[r] = 0 if (windows[r] == owned[r] and not owned[r].is_empty) else local[r]
             ms[r], mr[r] = sum(t.peer != r for t in s), sum(t.peer != r for t in rc)
             lb = rows[r][li]
             if layer.kind in ("filter", "pool") and mr[r]:  # as NetworkPlan splits a layer
@@ -103,7 +107,8 @@ def layer_counts(network: Network, batch: int, dims: Sequence[int], itemsize: in
         out.append(LayerCounts(li, network.stage_of(li), layer.kind, layer, first.in_shape, first.out_shape,
                                math.prod(wshape) if wshape else 0, prank, passes,
                                np.array([b.size for b in owned], float), np.array([b.size for b in windows], float),
-                               np.array([r[li].out.size for r in rows], float), sent, recv, local, ms, mr, strips))
+                               np.array([r[li].out.size for r in rows], float), sent, recv, local, ms, mr, strips,
+                               copied))
     return out
 
 
@@ -142,7 +147,7 @@ def step_ops(network: Network, counts: list[LayerCounts], stage: int, batch: int
         c = counts[li]
         s, r = (c.sent, c.received) if direction == "forward" else (c.received, c.sent)
         ms, mr = (c.msgs_sent, c.msgs_received) if direction == "forward" else (c.msgs_received, c.msgs_sent)
-        ops.append(Op("exchange", direction, li, sent=s, received=r, local=c.local, msgs_sent=ms, msgs_received=mr,
+        ops.append(Op("exchange", direction, li, sent=s, received=r, local=c.copied, msgs_sent=ms, msgs_received=mr,
                       label=label))
         return len(ops) - 1
 

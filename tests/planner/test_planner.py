@@ -59,6 +59,11 @@ def test_rank_flops_sum_to_the_layer_and_halos_balance(dims):
             assert c.sent.sum() == 0 and c.msgs_sent.sum() == 0
         # every window element comes from somewhere: the rank itself or a message
         assert np.allclose(c.local + c.received, c.window_elems * 4)
+        # copied only where the window is more than the owned block (else the input is the window)
+        no_halo = (c.received == 0) & (c.window_elems == c.src_elems) & (c.src_elems > 0)
+        assert np.array_equal(c.copied, np.where(no_halo, 0.0, c.local))
+        if dims == (1, 1):
+            assert c.copied.sum() == 0
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2])
