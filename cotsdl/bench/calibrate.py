@@ -75,7 +75,7 @@ from ..nn.network import Network
 from ..ops import costs
 from ..planner import load
 from .exchange import pingpong
-from .common import wait_idle
+from .common import as_step, wait_idle
 from .sampling import interleaved_rounds, robust, rounds_for  # noqa: F401 - tests reach them here too
 
 # The network of jobs/configs/demo.toml (copied: an installed package has no jobs/ folder).
@@ -159,8 +159,18 @@ def _rates(work: float, seconds: list[float]) -> dict[str, float]:
 
 
 # -- the passes of a stage ----------------------------------------------------------------
+def in_step(fn: Callable[[Any], Any]) -> Callable[[], Any]:
+    """``fn(workspace)`` called as a training step calls its pass: scratch in a workspace kept from
+    call to call, results in memory lent for the call and taken back at the next (its own, as the
+    passes are timed in turn)."""
+    lent = ops.Outputs()
+    ws = ops.Workspace(lent)
+    return as_step(lent, lambda: fn(ws))
+
+
 def stage_passes(net: Network, N: int, stages, rng) -> list[tuple[str, int, Callable[[], Any], costs.Cost]]:
-    """(op, stage, callable, cost) of every timed pass of ``stages`` of ``net`` at batch ``N``, float32."""
+    """(op, stage, callable, cost) of every timed pass of ``stages`` of ``net`` at batch ``N``, float32,
+    each called as a training step calls it (:func:`in_step`)."""
     from ..train.optim import Adam  # noqa: PLC0415
 
     out = []
@@ -181,19 +191,23 @@ def stage_passes(net: Network, N: int, stages, rng) -> list[tuple[str, int, Call
         dz = rng.standard_normal(p.shape, dtype=f32)
         lc = costs.lcn(*p.shape, ll.size, 4)
         adam, g = Adam(lr=0.01), rng.standard_normal(w.shape, dtype=f32) * f32(1e-3)
-        wa = w.copy()
+        wa, dw = w.copy(), np.empty_like(w)
         out += [
-            ("filter_forward", k, lambda x=x, w=w, fl=fl: ops.local_filter(x, w, fl.stride, fl.block), fc["forward"]),
-            ("filter_backward_data", k, lambda dy=dy, w=w, fl=fl, xs=xs: ops.local_filter_backward_data(
-                dy, w, fl.stride, fl.block, input_shape=xs), fc["backward_data"]),
-            ("filter_backward_weights", k, lambda x=x, dy=dy, fl=fl: ops.local_filter_backward_weights(
-                x, dy, fl.size, fl.stride, fl.block), fc["backward_weights"]),
-            ("pool_forward", k, lambda y=y, pl=pl: ops.l2_pool(y, pl.size, pl.stride, pl.eps), pc["forward"]),
-            ("pool_backward", k, lambda dp=dp, y=y, p=p, pl=pl: ops.l2_pool_backward(dp, y, p, pl.size, pl.stride),
-             pc["backward"]),
-            ("lcn_forward", k, lambda z=z, ll=ll: ops.lcn(z, ll.size, ll.sigma, ll.eps), lc["forward"]),
-            ("lcn_backward", k, lambda dz=dz, z=z, ll=ll: ops.lcn_backward(dz, z, ll.size, ll.sigma, ll.eps),
-             lc["backward"]),
+            ("filter_forward", k, in_step(lambda ws, x=x, w=w, fl=fl: ops.local_filter(
+                x, w, fl.stride, fl.block, workspace=ws)), fc["forward"]),
+            ("filter_backward_data", k, in_step(lambda ws, dy=dy, w=w, fl=fl, xs=xs: ops.local_filter_backward_data(
+                dy, w, fl.stride, fl.block, input_shape=xs, workspace=ws)), fc["backward_data"]),
+            ("filter_backward_weights", k, in_step(
+                lambda ws, x=x, dy=dy, fl=fl, dw=dw: ops.local_filter_backward_weights(
+                    x, dy, fl.size, fl.stride, fl.block, workspace=ws, out=dw)), fc["backward_weights"]),
+            ("pool_forward", k, in_step(
+                lambda ws, y=y, pl=pl: ops.l2_pool(y, pl.size, pl.stride, pl.eps, workspace=ws)), pc["forward"]),
+            ("pool_backward", k, in_step(lambda ws, dp=dp, y=y, p=p, pl=pl: ops.l2_pool_backward(
+                dp, y, p, pl.size, pl.stride, workspace=ws)), pc["backward"]),
+            ("lcn_forward", k, in_step(lambda ws, z=z, ll=ll: ops.lcn(z, ll.size, ll.sigma, ll.eps, workspace=ws)),
+             lc["forward"]),
+            ("lcn_backward", k, in_step(lambda ws, dz=dz, z=z, ll=ll: ops.lcn_backward(
+                dz, z, ll.size, ll.sigma, ll.eps, workspace=ws)), lc["backward"]),
             ("elementwise", k, lambda adam=adam, wa=wa, g=g: adam.step({"w": wa}, {"w": g}),
              costs.Cost(15.0 * w.size, 4.0 * ADAM_WORDS * w.size)),
         ]

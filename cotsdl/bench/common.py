@@ -29,6 +29,15 @@ def timed(comm, fn: Callable[[], Any], repeats: int, warmup: int) -> list[float]
     return samples
 
 
+def as_step(lent: Any, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` as one training step: its results in memory ``lent`` (an ``ops.Outputs``) lends for the
+    step and takes back at the next, as ``NetworkPlan.step`` does."""
+    def step() -> Any:
+        with lent.step():
+            return fn()
+    return step
+
+
 def wait_idle(comm) -> None:
     """A barrier for ranks with nothing to do: polled with sleeps, so they take no core from the
     ranks being timed (a blocking barrier busy-polls under MPICH)."""

@@ -33,6 +33,7 @@ from ..array.rfmap import sites
 from ..ops import costs
 from ..ops.cpu.parallel import chunk_bounds, run_ranges, single_threaded_blas
 from ..train.objective import sparse_ae_loss
+from .common import as_step
 from .sampling import interleaved_best
 from .peers import LCN, POOL, TRAIN_LAM, _agree, peer_callables, peers_importable  # noqa: F401 - _agree: tests
 
@@ -65,14 +66,6 @@ SHAPES = [
     Shape("D-blocks", 48, 3, 12, 4, 8, 64, (2, 2)),
 ]
 NUMPY_SHAPES = SHAPES + [CPU_PAPER]
-
-
-def _one_step(lent: Any, fn: Callable[[], Any]) -> Callable[[], Any]:
-    """``fn`` as one training step: its results in memory lent for the step, taken back at the next."""
-    def step() -> Any:
-        with lent.step():
-            return fn()
-    return step
 
 
 def _kept(result: Any) -> Any:
@@ -250,7 +243,7 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
             "lcn_backward": (lambda: ops.lcn_backward(dy, y, **LCN, workspace=ws), lc["backward"]),
         }
         if backend_name == "numpy":
-            runs = {name: (_one_step(lent, fn), cost) for name, (fn, cost) in runs.items()}
+            runs = {name: (as_step(lent, fn), cost) for name, (fn, cost) in runs.items()}
         if backend_name == "numpy":  # a whole step of the stage's autoencoder: 5 filter passes and the pool
             runs["train_step"] = (lambda: sparse_ae_loss(x, w, stride=stride, block=sh.block, pool_size=POOL["size"],
                                                          pool_stride=POOL["stride"], lam=TRAIN_LAM, eps=POOL["eps"],
