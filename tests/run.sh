@@ -17,6 +17,8 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 status=0
 echo "== compile check of every CUDA kernel (NVRTC, sm_70/80/90)"
 python -m cotsdl check-kernels || status=1
+echo "== native CPU kernels (built once here, so no suite pays the first build; cached per CPU)"
+COTSDL_NATIVE=1 python -c "from cotsdl.ops.cpu import native; native.library()" || status=1
 echo "== serial suite"
 # in parallel worker processes (pytest-xdist; COTSDL_TEST_WORKERS=0 runs them in this process):
 # most tests wait on subprocesses, so two workers on two cores nearly halve the wall time

@@ -28,7 +28,8 @@ def test_wheel_contains_kernels_and_every_module(wheel):
         assert f"cotsdl/cuda/{k}" in names
     for h in ("shim.h", "runtime.h"):  # the emulator compiles kernels with these
         assert f"cotsdl/cudaemu/{h}" in names
-    assert "cotsdl/ops/cpu/native/kernels.cpp" in names  # the numpy backend's native kernels, built on first use
+    for src in ("kernels.cpp", "filter.cpp"):  # the numpy backend's native kernels, built on first use
+        assert f"cotsdl/ops/cpu/native/{src}" in names
     modules = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "cotsdl").rglob("*.py"))
     missing = [m for m in modules if m not in names]
     assert not missing, f"modules missing from the wheel (list their package in setup.cfg): {missing}"
