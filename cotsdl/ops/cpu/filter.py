@@ -50,17 +50,6 @@ def _patches(x: np.ndarray, size: tuple[int, int], stride: tuple[int, int], site
                       strides=(stride[0] * s0, stride[1] * s1, s0, s1, s2, s3), writeable=False)
 
 
-def _image_strides(a: np.ndarray) -> tuple[int, int, int] | None:
-    """Element strides of an (H, W, C, N) array's first three axes when its N images are
-    contiguous (what the native kernels take), else None."""
-    item = a.itemsize
-    if a.shape[3] > 1 and a.strides[3] != item:
-        return None
-    if any(s % item for s in a.strides[:3]):
-        return None
-    return a.strides[0] // item, a.strides[1] // item, a.strides[2] // item
-
-
 def _gather(p6: np.ndarray, i0: int, i1: int, ws: Workspace) -> np.ndarray:
     """Receptive fields of the site rows [i0, i1) as one contiguous (sites, R, N) scratch band."""
     n, sw, rh, rw, c, N = p6[i0:i1].shape
@@ -94,14 +83,14 @@ def filter_forward(x: np.ndarray, w: np.ndarray, stride: tuple[int, int], block:
     N = x.shape[3]
     R = rh * rw * C
     ws = or_new(workspace)
-    p6 = _patches(x, (rh, rw), stride, (SH, SW))
-    wf = w.reshape(SH * SW, M, R)
     y = ws.output((SH * block[0], SW * block[1], K, N), x.dtype)
-    kern, sx = native.kernel("lc_fwd", x.dtype), _image_strides(x)
+    kern, sx = native.kernel("lc_fwd", x.dtype), native.strides(x, 1)
     if kern is not None and sx is not None and w.dtype == x.dtype:
-        w, sy = np.ascontiguousarray(w), _image_strides(y)
+        w, sy = np.ascontiguousarray(w), native.strides(y, 1)
         run_split(SH * SW, lambda s0, s1: kern(x, *sx, C, N, w, rh, rw, *stride, SW, y, *sy, *block, K, s0, s1))
         return y
+    p6 = _patches(x, (rh, rw), stride, (SH, SW))
+    wf = w.reshape(SH * SW, M, R)
 
     def work(i0: int, i1: int) -> None:
         # Gather a cache-sized band of site rows, multiply while it is still in cache.
@@ -141,7 +130,6 @@ def filter_backward_data(dy: np.ndarray, w: np.ndarray, stride: tuple[int, int],
     dy = np.ascontiguousarray(dy)
     ws = or_new(workspace)
     R = rh * rw * C
-    wt = w.reshape(SH * SW, M, R).transpose(0, 2, 1)
     sh, sw = stride
     dx = ws.output((H, W, C, N), dy.dtype)
     dx.fill(0)
@@ -149,13 +137,14 @@ def filter_backward_data(dy: np.ndarray, w: np.ndarray, stride: tuple[int, int],
     even, odd = colored_blocks(SH, -(-rh // sh) - 1)
     kern = native.kernel("lc_bwd_data", dy.dtype)
     if kern is not None and w.dtype == dy.dtype:
-        wc, sd, sx = np.ascontiguousarray(w), _image_strides(dy), _image_strides(dx)
+        wc, sd, sx = np.ascontiguousarray(w), native.strides(dy, 1), native.strides(dx, 1)
 
         def rows(i0: int, i1: int) -> None:
             kern(dy, *sd, wc, rh, rw, C, N, sh, sw, SW, *block, K, dx, *sx, i0, i1)
         run_ranges(even, rows)
         run_ranges(odd, rows)
         return dx
+    wt = w.reshape(SH * SW, M, R).transpose(0, 2, 1)
 
     def band(i0: int, i1: int) -> None:
         # The products of a band of site rows, summed into dx's rows while still in cache.
@@ -184,17 +173,17 @@ def filter_backward_weights(x: np.ndarray, dy: np.ndarray, size: tuple[int, int]
     M, R = bh * bw * K, rh * rw * C
     dy = np.ascontiguousarray(dy)
     ws = or_new(workspace)
-    p6 = _patches(x, size, stride, (SH, SW))
     dw = np.empty((SH * SW, M, R), x.dtype) if out is None else out.reshape(SH * SW, M, R)
-    kern, sx = native.kernel("lc_bwd_w", x.dtype), _image_strides(x)
+    kern, sx = native.kernel("lc_bwd_w", x.dtype), native.strides(x, 1)
     if kern is not None and sx is not None and dy.dtype == x.dtype and (out is None or out.flags.c_contiguous):
-        sd = _image_strides(dy)
+        sd = native.strides(dy, 1)
 
         def sites_(s0: int, s1: int) -> None:
             scratch = ws.get("lc_bwd_w", (N * (M + R),), x.dtype)  # dY_s^T and X_s packed (filter.cpp)
             kern(x, *sx, C, N, dy, *sd, rh, rw, *stride, SW, bh, bw, K, dw, scratch, s0, s1)
         run_split(SH * SW, sites_)
         return dw.reshape(SH, SW, M, rh, rw, C) if out is None else out
+    p6 = _patches(x, size, stride, (SH, SW))
 
     def work(i0: int, i1: int) -> None:
         # dW_s = dY_s X_s^T: BLAS reads the gathered X transposed, dw is written once, in place.

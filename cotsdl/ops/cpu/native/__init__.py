@@ -183,18 +183,19 @@ def kernel(name: str, dtype) -> Callable[..., None] | None:
     return fn
 
 
-def strides(a: np.ndarray, inner: int) -> tuple[int, int] | None:
-    """The element strides of ``a``'s first two axes when its last ``inner`` axes are C-contiguous, else None."""
+def strides(a: np.ndarray, inner: int) -> tuple[int, ...] | None:
+    """The element strides of ``a``'s leading axes (all but the last ``inner``) when those last
+    ``inner`` axes are C-contiguous, else None."""
     item, shape, st = a.itemsize, a.shape, a.strides
     expect = item
     for k in range(len(shape) - 1, len(shape) - 1 - inner, -1):
         if shape[k] > 1 and st[k] != expect:
             return None
         expect *= shape[k]
-    s0, s1 = st[0], st[1]
-    if s0 % item or s1 % item:
+    lead = st[:len(shape) - inner]
+    if any(s % item for s in lead):
         return None
-    return s0 // item, s1 // item
+    return tuple(s // item for s in lead)
 
 
 @contextmanager
