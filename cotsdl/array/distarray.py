@@ -8,6 +8,7 @@ The buffer may be a NumPy or a CuPy array; nothing here assumes host memory.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -28,7 +29,11 @@ def layout_error(shape: Sequence[int], window: Box, owned: Box | None) -> str | 
     return None
 
 
-_VALID_LAYOUTS: set[tuple] = set()  # (shape, window, owned) corners that passed layout_error
+@lru_cache(maxsize=4096)
+def _layout_error_of(shape: tuple[int, ...], window: tuple[int, ...], owned: tuple[int, ...] | None) -> str | None:
+    """:func:`layout_error` by the boxes' corners: a step makes a dozen arrays of the same few layouts
+    (hashing corners is cheap, hashing a Box is not)."""
+    return layout_error(shape, Box.from_tuple(window), None if owned is None else Box.from_tuple(owned))
 
 
 def fits(data: Any, window: Box) -> bool:
@@ -67,14 +72,9 @@ class DistArray:
         self.shape = tuple(int(s) for s in shape)
         self.window = window
         self.owned = owned
-        key = (self.shape, window.to_tuple(), None if owned is None else owned.to_tuple())
-        if key not in _VALID_LAYOUTS:  # a step makes a dozen arrays of the same few layouts
-            err = layout_error(self.shape, window, owned)
-            if err:
-                raise ValueError(err)
-            if len(_VALID_LAYOUTS) >= 4096:
-                _VALID_LAYOUTS.clear()
-            _VALID_LAYOUTS.add(key)
+        err = _layout_error_of(self.shape, window.to_tuple(), None if owned is None else owned.to_tuple())
+        if err:
+            raise ValueError(err)
         if data is None:
             data = np.zeros(window.shape, dtype=dtype)
         elif not fits(data, window):

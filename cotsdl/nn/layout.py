@@ -29,6 +29,12 @@ class LayerBoxes:
     out: Box  # the output box this rank owns
     sites: Box  # the sites this rank owns (receptive-field positions)
 
+    @property
+    def window_is_owned(self) -> bool:
+        """The input window is exactly what this rank owns of the input (one rank, or a layer
+        without halos): the network plan reads the input itself, no copy."""
+        return not self.src_owned.is_empty and self.window == self.src_owned
+
 
 def layout(network: Network, dims: Sequence[int], coords: Sequence[int], batch: int) -> tuple[Box, list[LayerBoxes]]:
     """(this rank's block of the input images, every layer's boxes on this rank)."""

@@ -155,11 +155,12 @@ class NetworkPlan:
         return win.data
 
     def _is_window(self, data: Any, box: Box, lp: LayerPlan) -> bool:
-        """Whether ``data`` (laid out on ``box``) can serve as layer ``lp``'s input window itself: the
-        window is this rank's owned box (one rank, or a layer without halos), so the exchange moves
-        nothing into it and leaves it in place (the layers only read their input windows)."""
-        return (not box.is_empty and box == lp.window and data.dtype == self.dtype
-                and tuple(data.shape) == lp.window.shape == box.shape
+        """Whether ``data`` (laid out on ``box``) can serve as layer ``lp``'s input window itself:
+        where the window is the owned block (:attr:`~cotsdl.nn.layout.LayerBoxes.window_is_owned`)
+        the exchange moves nothing into it and leaves it in place (the layers only read their
+        input windows)."""
+        return (lp.window_is_owned and box == lp.window and data.dtype == self.dtype
+                and tuple(data.shape) == lp.window.shape
                 and bool(getattr(getattr(data, "flags", None), "c_contiguous", False)))
 
     def _start_sum_window(self, lp: LayerPlan, dwin: Any) -> tuple[DistArray, Any]:

@@ -56,7 +56,7 @@ class LayerCounts:
     #: split on that rank -- no halo, no interior, or an LCN -- and overlap changes nothing there)
     strips: np.ndarray
     #: bytes the exchange copies from the rank's own block into its window: ``local``, or 0 where the
-    #: window is the owned block (NetworkPlan then uses the input itself as the window)
+    #: window is the owned block (``LayerBoxes.window_is_owned``: NetworkPlan uses the input itself)
     copied: np.ndarray
     name: str = field(init=False)
 
@@ -90,9 +90,9 @@ def layer_counts(network: Network, batch: int, dims: Sequence[int], itemsize: in
             sent[r] = sum(t.box.size for t in s if t.peer != r) * itemsize
             recv[r] = sum(t.box.size for t in rc if t.peer != r) * itemsize
             local[r] = sum(t.box.size for t in s if t.peer == r) * itemsize
-            copied[r] = 0 if (windows[r] == owned[r] and not owned[r].is_empty) else local[r]
             ms[r], mr[r] = sum(t.peer != r for t in s), sum(t.peer != r for t in rc)
             lb = rows[r][li]
+            copied[r] = 0 if lb.window_is_owned else local[r]
             if layer.kind in ("filter", "pool") and mr[r]:  # as NetworkPlan splits a layer
                 inner, rest = split_sites(layer, lb.in_shape, lb.sites, owned[r] & windows[r])
                 strips[r] = 0 if inner.is_empty else len(rest)
