@@ -93,15 +93,18 @@ class LocalFilter:
         return ops.local_filter_backward_data(h, ctx.params, self.stride, self.block, input_shape=ctx.window.shape,
                                               workspace=ctx.workspace)
 
-    def weight_grad_local(self, x: np.ndarray, dy: np.ndarray, ctx: Context, out: Any = None):
-        """dW on this rank's sites from its input window ``x`` and ``dy`` on its owned output (into ``out``)."""
+    def weight_grad_local(self, x: np.ndarray, dy: np.ndarray, ctx: Context, out: Any = None,
+                          accumulate: bool = False):
+        """dW on this rank's sites from its input window ``x`` and ``dy`` on its owned output (into
+        ``out``; ``accumulate``: added to it)."""
         if ctx.out.is_empty:
             if out is None:
                 return _zeros(dy, ctx.params.shape)
-            out[...] = 0
+            if not accumulate:
+                out[...] = 0
             return out
         return ops.local_filter_backward_weights(x, dy, self.size, self.stride, self.block, workspace=ctx.workspace,
-                                                 out=out)
+                                                 out=out, accumulate=accumulate)
 
     def backward_local(self, dy: np.ndarray, x: np.ndarray, y: np.ndarray, cache, ctx: Context,
                        input_grad: bool = True):

@@ -232,15 +232,19 @@ class NetworkPlan:
 
     def backward(self, dy: DistArray, tape: Tape, params: dict[int, np.ndarray], *, input_grad: bool = True,
                  meanwhile: Callable[[], Any] | None = None,
-                 grads_into: dict[int, Any] | None = None) -> tuple[DistArray | None, dict[int, np.ndarray]]:
+                 grads_into: dict[int, Any] | None = None,
+                 accumulate: bool = False) -> tuple[DistArray | None, dict[int, np.ndarray]]:
         """Gradients w.r.t. the tape's input (owned layout) and the weights, from dy on the owned output.
 
         ``input_grad=False`` stops at the weights of the tape's first layer (no input gradient
         is computed or exchanged; None is returned for it).  ``meanwhile`` (other work that
         does not touch these arrays) runs while the last input gradient travels, with overlap.
         ``grads_into``: arrays (by layer index) the weight gradients are written into, e.g.
-        :meth:`buffer`'s, kept from step to step instead of allocated and page-faulted each time.
+        :meth:`buffer`'s, kept from step to step instead of allocated and page-faulted each time;
+        ``accumulate``: the gradients are added to those arrays.
         """
+        if accumulate and not grads_into:
+            raise ValueError("accumulate=True needs grads_into (the arrays to add the gradients to)")
         grads: dict[int, np.ndarray] = {}
         cur = dy
         for i in reversed(tape.layers):
@@ -254,8 +258,9 @@ class NetworkPlan:
                     owners, pending = self._start_sum_window(lp, lp.layer.adjoint_local(cur.data, ctx))
                     if not self.overlap:
                         pending.wait()
-                grads[i] = lp.layer.weight_grad_local(tape.inputs[k], cur.data, ctx,
-                                                      out=None if grads_into is None else grads_into.get(i))
+                into = None if grads_into is None else grads_into.get(i)
+                grads[i] = lp.layer.weight_grad_local(tape.inputs[k], cur.data, ctx, out=into,
+                                                      accumulate=accumulate and into is not None)
                 cur = self._join(pending, extra, owners)
                 continue
             dx, dw = lp.layer.backward_local(cur.data, tape.inputs[k], tape.outputs[k], tape.caches[k], ctx,

@@ -78,17 +78,24 @@ def local_filter_backward_data(dy, w, stride, block=(1, 1), *, input_shape: Sequ
                                                       input_shape, workspace)
 
 
-def local_filter_backward_weights(x, dy, size, stride, block=(1, 1), *, workspace=None, out=None):
+def local_filter_backward_weights(x, dy, size, stride, block=(1, 1), *, workspace=None, out=None,
+                                  accumulate=False):
     """Gradient w.r.t. the weights, (SH, SW, M, rh, rw, C); written into ``out`` when given (a
-    buffer the caller keeps from step to step: the paper's layer has 0.8 GB of weights)."""
+    buffer the caller keeps from step to step: the paper's layer has 0.8 GB of weights).
+
+    ``accumulate``: add the gradient to ``out`` instead (a tied autoencoder's encoder and
+    decoder gradients, without a third pass over the weights to sum them).
+    """
     shapes.activations("x", x)
     shapes.activations("dy", dy)
     shapes.same_dtype(x=x, dy=dy)
     size, stride, block = pair("size", size), pair("stride", stride), pair("block", block)
+    if accumulate and out is None:
+        raise ValueError("accumulate=True needs out= (the gradient to add to)")
     if out is not None:
         SH, SW, K = shapes.check_backward_weights(x.shape, dy.shape, size, stride, block)
         shapes.out_array(out, (SH, SW, block[0] * block[1] * K) + size + (x.shape[2],), x.dtype)
-    return implementation(x, dy).filter_backward_weights(x, dy, size, stride, block, workspace, out)
+    return implementation(x, dy).filter_backward_weights(x, dy, size, stride, block, workspace, out, bool(accumulate))
 
 
 def l2_pool(x, size, stride, eps, *, workspace=None):

@@ -98,18 +98,20 @@ class StageObjective:
         dec_grads: dict[int, Any] = {}
 
         # The gradients go into the plan's buffers (the same memory every step): the caller uses them
-        # before the next call.  Fresh ones cost the paper's layer 0.8 GB of page faults each.
-        into_dec = {f: plan.buffer(("objective", f, "dw_dec"), dec)}
+        # before the next call.  Fresh ones cost the paper's layer 0.8 GB of page faults each.  Tied,
+        # the encoder's gradient is added to the decoder's in the same buffer by the filter's
+        # backward-weights pass itself: summing two buffers cost P-paper's step 0.1 s of 1.
+        into_enc = {f: plan.buffer(("objective", f, "dw"), w)}
+        into_dec = into_enc if w_dec is None else {f: plan.buffer(("objective", f, "dw_dec"), dec)}
 
         def decoder_grad() -> None:  # dW_F(dx_hat, h), while the sparsity gradient travels
             dec_grads.update(plan.backward(h, dec_tape, {f: dec}, input_grad=False, grads_into=into_dec)[1])
 
         dh_sparsity, _ = plan.backward(dp, pool_tape, {}, meanwhile=decoder_grad)  # P^T(lam / N)
         dh.data += dh_sparsity.data
-        _, enc_grads = plan.backward(dh, enc, {f: w}, input_grad=False,
-                                     grads_into={f: plan.buffer(("objective", f, "dw"), w)})  # dW_F(x, dh)
+        _, enc_grads = plan.backward(dh, enc, {f: w}, input_grad=False, grads_into=into_enc,
+                                     accumulate=w_dec is None)  # dW_F(x, dh) [+ the decoder's, tied]
         if w_dec is None:
-            enc_grads[f] += dec_grads[f]
             return parts, enc_grads[f]
         return parts, enc_grads[f], dec_grads[f]
 

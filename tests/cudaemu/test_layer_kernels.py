@@ -59,6 +59,9 @@ def test_filter_kernels(case, dtype, order):
     close(*both(lambda: ops.local_filter(x, w, stride, block)), dtype)
     close(*both(lambda: ops.local_filter_backward_data(dy, w, stride, block, input_shape=x.shape)), dtype)
     close(*both(lambda: ops.local_filter_backward_weights(x, dy, size, stride, block)), dtype)
+    start = rng.standard_normal(w.shape).astype(dtype)  # accumulate: added to a kept gradient
+    close(*both(lambda: ops.local_filter_backward_weights(x, dy, size, stride, block, out=start.copy(),
+                                                         accumulate=True)), dtype)
 
 
 @pytest.mark.parametrize("order", ORDERS, indirect=True)

@@ -80,6 +80,9 @@ def test_layer_kernels_on_device_equal_numpy(cp, dtype, case):
          ops.local_filter_backward_data(dy, w, stride, block, input_shape=x.shape))
     same(ops.local_filter_backward_weights(X, DY, size, stride, block),
          ops.local_filter_backward_weights(x, dy, size, stride, block))
+    start = rng.standard_normal(w.shape).astype(dtype)
+    same(ops.local_filter_backward_weights(X, DY, size, stride, block, out=cp.asarray(start), accumulate=True),
+         ops.local_filter_backward_weights(x, dy, size, stride, block, out=start.copy(), accumulate=True))
     p = ops.l2_pool(x, (2, 2), (1, 2), 0.01)
     same(ops.l2_pool(X, (2, 2), (1, 2), 0.01), p)
     dp = rng.standard_normal(p.shape).astype(dtype)

@@ -5,6 +5,7 @@ script trains without page faults whatever malloc does), bounded to one step's w
 and arrays made outside a step must never be recycled.
 """
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 from cotsdl import ops
@@ -116,3 +117,25 @@ def test_outputs_lend_by_shape_and_let_go_of_what_a_step_did_not_use():
     assert a2 is a
     out.release_unused()  # b and c were not asked for in that step: let go
     assert out.nbytes == a2.nbytes
+
+
+def test_weight_gradients_into_kept_buffers_set_or_add():
+    """``grads_into`` receives the weight gradients; ``accumulate=True`` adds them (the tied
+    objective's decoder + encoder sum), bit for bit what adding the fresh gradients gives."""
+    _, plan, params = _plan()
+    x = _images(plan, 3)
+    y, tape = plan.forward(x, params)
+    dy = DistArray(x.comm, plan.output_shape, plan.output_owned, plan.output_owned,
+                   data=np.random.default_rng(4).standard_normal(plan.output_owned.shape).astype(np.float32))
+    _, fresh = plan.backward(dy, tape, params)
+    start = {i: np.random.default_rng(i).standard_normal(g.shape).astype(np.float32) for i, g in fresh.items()}
+    into = {i: s.copy() for i, s in start.items()}
+    _, added = plan.backward(dy, tape, params, grads_into=into, accumulate=True)
+    for i in fresh:
+        assert added[i] is into[i]
+        np.testing.assert_array_equal(into[i], start[i] + fresh[i])
+    _, kept = plan.backward(dy, tape, params, grads_into=into)
+    for i in fresh:
+        np.testing.assert_array_equal(kept[i], fresh[i])
+    with pytest.raises(ValueError, match="accumulate=True needs grads_into"):
+        plan.backward(dy, tape, params, accumulate=True)

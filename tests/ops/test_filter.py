@@ -140,3 +140,9 @@ def test_weight_gradient_into_a_kept_buffer():
                 np.empty(w.shape[::-1], np.float32).T):
         with pytest.raises(ValueError, match="out must be a C-contiguous float32 array of shape"):
             ops.local_filter_backward_weights(x, dy, size, stride, block, out=bad)
+    with pytest.raises(ValueError, match="accumulate=True needs out="):
+        ops.local_filter_backward_weights(x, dy, size, stride, block, accumulate=True)
+    start = np.random.default_rng(12).standard_normal(w.shape).astype(np.float32)
+    acc = start.copy()
+    assert ops.local_filter_backward_weights(x, dy, size, stride, block, out=acc, accumulate=True) is acc
+    np.testing.assert_array_equal(acc, start + want)

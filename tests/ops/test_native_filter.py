@@ -115,3 +115,22 @@ def test_backward_weights_into_out(threads):
     finally:
         parallel.set_num_threads(None)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@FUZZ
+@given(cases(), st.booleans(), st.integers(1, 3), st.booleans())
+def test_backward_weights_accumulates_bitwise(case, view, threads, use_native):
+    """``accumulate=True`` adds the pass's own result to ``out``: exactly start + fresh, on
+    both paths (the tied autoencoder's gradient must not depend on how it was summed)."""
+    (H, W, C, N), size, stride, block, K, dtype = case
+    x, w, dy = arrays(case, view)
+    start = np.random.default_rng(1).standard_normal(w.shape).astype(dtype)
+    parallel.set_num_threads(threads)
+    try:
+        with native.use(use_native):
+            fresh = cf.filter_backward_weights(x, dy, size, stride, block).copy()
+            out = start.copy()
+            assert cf.filter_backward_weights(x, dy, size, stride, block, out=out, accumulate=True) is out
+    finally:
+        parallel.set_num_threads(None)
+    np.testing.assert_array_equal(out, start + fresh)

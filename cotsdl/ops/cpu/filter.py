@@ -165,7 +165,7 @@ def filter_backward_data(dy: np.ndarray, w: np.ndarray, stride: tuple[int, int],
 
 def filter_backward_weights(x: np.ndarray, dy: np.ndarray, size: tuple[int, int], stride: tuple[int, int],
                             block: tuple[int, int], workspace: Workspace | None = None,
-                            out: np.ndarray | None = None) -> np.ndarray:
+                            out: np.ndarray | None = None, accumulate: bool = False) -> np.ndarray:
     H, W, C, N = x.shape
     rh, rw = size
     SH, SW, K = check_backward_weights(x.shape, dy.shape, size, stride, block)
@@ -180,7 +180,7 @@ def filter_backward_weights(x: np.ndarray, dy: np.ndarray, size: tuple[int, int]
 
         def sites_(s0: int, s1: int) -> None:
             scratch = ws.get("lc_bwd_w", (N * (M + R),), x.dtype)  # dY_s^T and X_s packed (filter.cpp)
-            kern(x, *sx, C, N, dy, *sd, rh, rw, *stride, SW, bh, bw, K, dw, scratch, s0, s1)
+            kern(x, *sx, C, N, dy, *sd, rh, rw, *stride, SW, bh, bw, K, dw, int(accumulate), scratch, s0, s1)
         run_split(SH * SW, sites_)
         return dw.reshape(SH, SW, M, rh, rw, C) if out is None else out
     p6 = _patches(x, size, stride, (SH, SW))
@@ -188,7 +188,11 @@ def filter_backward_weights(x: np.ndarray, dy: np.ndarray, size: tuple[int, int]
     def work(i0: int, i1: int) -> None:
         # dW_s = dY_s X_s^T: BLAS reads the gathered X transposed, dw is written once, in place.
         X = _gather(p6, i0, i1, ws)
-        np.matmul(_dy_sites(dy, block, i0, i1, ws), X.transpose(0, 2, 1), out=dw[i0 * SW:i1 * SW])
+        part = dw[i0 * SW:i1 * SW]
+        prod = ws.get("dw_sum", part.shape, x.dtype) if accumulate else part
+        np.matmul(_dy_sites(dy, block, i0, i1, ws), X.transpose(0, 2, 1), out=prod)
+        if accumulate:
+            part += prod
 
     run_ranges(chunk_bounds(SH, SW * R * N * x.dtype.itemsize), work)
     return dw.reshape(SH, SW, M, rh, rw, C) if out is None else out

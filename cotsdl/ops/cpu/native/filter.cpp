@@ -12,7 +12,7 @@
 //
 //   forward           Y_s   = W_s X_s          rows m, columns n, reduction over k
 //   backward-data     dX_s += W_s^T dY_s       rows k, columns n, reduction over m
-//   backward-weights  dW_s^T = X_s dY_s^T      rows k, columns m, reduction over n
+//   backward-weights  dW_s^T (+)= X_s dY_s^T   rows k, columns m, reduction over n (+=: accumulate)
 // Backward-weights packs dY_s^T (N x M) and X_s (in blocks of L rows, n-major) per site
 // into the caller's scratch, and stores each L x L tile transposed in registers.
 //
@@ -133,8 +133,11 @@ inline void transpose(Vec<double>::type* r) {
 //   B(k, l) = b[boff[k] + l]            C(r, l) = c[r][l*lc]
 // Without row pointers a tile's A needs one register, not MR (with MR pointers GCC spills
 // them and the loop becomes load-bound).  TRANSPOSED: lc is C's column stride and
-// c[r] = c[0] + r, so an L x L block is stored as L vectors after a transpose in registers.
-enum Out { SET, ADD, TRANSPOSED };
+// c[r] = c[0] + r, so an L x L block is stored as L vectors after a transpose in registers;
+// TRANSPOSED_ADD adds it to C (a tied autoencoder's second weight gradient, into the first).
+enum Out { SET, ADD, TRANSPOSED, TRANSPOSED_ADD };
+constexpr bool transposed(Out o) { return o == TRANSPOSED || o == TRANSPOSED_ADD; }
+constexpr bool adds(Out o) { return o == ADD || o == TRANSPOSED_ADD; }
 
 template <class T>
 struct Product {
@@ -170,12 +173,15 @@ inline void tile(const Product<T>& P, idx r, idx k0, idx k1, idx n0) {
     }
   }
   T* const* c = P.c + r;
-  if (O == TRANSPOSED && MR == L) {
+  if (transposed(O) && MR == L) {
     for (int v = 0; v < NV; ++v) {
       V blk[L];
       for (int i = 0; i < L; ++i) blk[i] = acc[i][v];
       transpose(blk);
-      for (int l = 0; l < L; ++l) store<T>(c[0] + (n0 + v * L + l) * P.lc, blk[l]);
+      for (int l = 0; l < L; ++l) {
+        T* p = c[0] + (n0 + v * L + l) * P.lc;
+        store<T>(p, adds(O) ? load<T>(p) + blk[l] : blk[l]);
+      }
     }
     return;
   }
@@ -186,7 +192,10 @@ inline void tile(const Product<T>& P, idx r, idx k0, idx k1, idx n0) {
       } else if (O == ADD) {
         store<T>(c[i] + n0 + v * L, load<T>(c[i] + n0 + v * L) + acc[i][v]);
       } else {
-        for (int l = 0; l < L; ++l) c[i][(n0 + v * L + l) * P.lc] = acc[i][v][l];
+        for (int l = 0; l < L; ++l) {
+          T& out = c[i][(n0 + v * L + l) * P.lc];
+          out = adds(O) ? out + acc[i][v][l] : acc[i][v][l];
+        }
       }
     }
 }
@@ -199,7 +208,7 @@ void tail(const Product<T>& P, idx r, int mr, idx k0, idx k1, idx n0, idx n1) {
       T s = T(0);
       for (idx k = k0; k < k1; ++k) s += (P.arow ? P.arow[r + i][k] : P.a[k * P.ak + r + i]) * P.b[P.boff[k] + n];
       T& out = P.c[r + i][n * P.lc];
-      out = O == ADD ? out + s : s;
+      out = adds(O) ? out + s : s;
     }
 }
 
@@ -221,7 +230,7 @@ template <class T, Out O>
 void rows_of(const Product<T>& P, idx r0, idx r1, idx k0, idx k1, idx n0, idx n1) {
   constexpr int L = Vec<T>::L;
   idx r = r0;
-  if (O == TRANSPOSED)  // L x L blocks: 8 accumulators for float, 4 x 2 for double
+  if (transposed(O))  // L x L blocks: 8 accumulators for float, 4 x 2 for double
     for (; r + L <= r1; r += L) row_block<T, L, 8 / L, O>(P, r, k0, k1, n0, n1);
   for (; r + 6 <= r1; r += 6) row_block<T, 6, 2, O>(P, r, k0, k1, n0, n1);
   switch (r1 - r) {
@@ -311,7 +320,7 @@ void pack_rows(const T* const* rows, idx N, T* pk) {
     for (int i = 0; i < L; ++i) pk[n * L + i] = rows[i][n];
 }
 
-template <class T>
+template <class T, Out O>
 void lc_bwd_w(const T* x, idx sx0, idx sx1, idx sx2, idx C, idx N, const T* dy, idx sd0, idx sd1, idx sd2, idx rh,
               idx rw, idx sh, idx sw, idx SW, idx bh, idx bw, idx K, T* dw, T* scratch, idx s0, idx s1) {
   constexpr int L = Vec<T>::L;
@@ -341,11 +350,11 @@ void lc_bwd_w(const T* x, idx sx0, idx sx1, idx sx2, idx C, idx N, const T* dy, 
       const idx m1 = m0 + chunk(M) < M ? m0 + chunk(M) : M;
       for (idx k0 = 0; k0 < RL; k0 += L) {
         const Product<T> P{nullptr, pk + k0 * N, L, dyt, noff.data(), c.data() + k0, R};
-        row_block<T, L, 8 / L, TRANSPOSED>(P, 0, 0, N, m0, m1);
+        row_block<T, L, 8 / L, O>(P, 0, 0, N, m0, m1);
       }
       if (RL < R) {
         const Product<T> P{a.data(), nullptr, 1, dyt, noff.data(), c.data(), R};
-        rows_of<T, TRANSPOSED>(P, RL, R, 0, N, m0, m1);
+        rows_of<T, O>(P, RL, R, 0, N, m0, m1);
       }
     }
   }
@@ -368,8 +377,9 @@ void lc_bwd_w(const T* x, idx sx0, idx sx1, idx sx2, idx C, idx N, const T* dy, 
   }                                                                                                              \
   COTSDL_EXPORT void cotsdl_lc_bwd_w_##S(const T* x, idx sx0, idx sx1, idx sx2, idx C, idx N, const T* dy,       \
                                          idx sd0, idx sd1, idx sd2, idx rh, idx rw, idx sh, idx sw, idx SW,      \
-                                         idx bh, idx bw, idx K, T* dw, T* dyt, idx s0, idx s1) {                 \
-    lc_bwd_w<T>(x, sx0, sx1, sx2, C, N, dy, sd0, sd1, sd2, rh, rw, sh, sw, SW, bh, bw, K, dw, dyt, s0, s1);      \
+                                         idx bh, idx bw, idx K, T* dw, idx add, T* dyt, idx s0, idx s1) {        \
+    (add ? lc_bwd_w<T, TRANSPOSED_ADD> : lc_bwd_w<T, TRANSPOSED>)(x, sx0, sx1, sx2, C, N, dy, sd0, sd1, sd2, rh, rw, \
+                                                                 sh, sw, SW, bh, bw, K, dw, dyt, s0, s1);          \
   }
 
 COTSDL_FILTER_KERNELS(float, f32)
