@@ -30,6 +30,7 @@ from ..checks import pair
 from ..nn.layers import LCN, L2Pool, LocalFilter
 from ..nn.network import Network, Stage
 from ..nn.plan import NetworkPlan
+from ..ops.residual import residual
 
 
 @dataclass
@@ -84,13 +85,12 @@ class StageObjective:
         pooled, pool_tape = pool["p"], pool["tape"]
         xo = x.owned_data
         lend = plan.outputs.empty  # the step's arrays in the plan's lent memory (plan.step())
-        r = xp.subtract(xh.data, xo, out=lend(xo.shape, dt, xp))
-        sq = xp.multiply(r, r, out=lend(xo.shape, dt, xp))
-        rec = sq.sum()
-        rec, spa, sig = sum_values(plan.grid.comm, [rec, pooled.data.sum(), xp.multiply(xo, xo, out=sq).sum()])
+        dxh_data = lend(xo.shape, dt, xp)
+        rec, sig = residual(xh.data, xo, 2.0 / N, dxh_data)  # dx_hat = 2 r / N and the sums, in one pass
+        rec, spa, sig = sum_values(plan.grid.comm, [rec, pooled.data.sum(), sig])
         parts = LossParts((rec + self.lam * spa) / N, rec / N, self.lam * spa / N, sig / N, spa / N)
         # backward
-        dxh = DistArray(x.comm, xh.shape, xh.window, xh.owned, data=xp.multiply(r, dt.type(2.0 / N), out=sq))
+        dxh = DistArray(x.comm, xh.shape, xh.window, xh.owned, data=dxh_data)
         dh, dec_tape = plan.forward(dxh, {f: dec}, start=f, upto=p)  # F_{w'}(dx_hat), the decoder's transpose
         ones = lend(pooled.data.shape, dt, xp)
         ones.fill(dt.type(self.lam / N))

@@ -1,4 +1,5 @@
-// cotsdl's native CPU kernels: the element-wise passes of L2 pooling and LCN, fused.
+// cotsdl's native CPU kernels: the element-wise passes of L2 pooling, LCN and the
+// autoencoder's residual, fused.
 //
 // Layout: the numpy backend's.  A feature map is (rows, cols, L) with L = C*N
 // (pooling, LCN's full-size passes) or N (LCN's smoothed maps, (h, w, N)); the
@@ -13,7 +14,8 @@
 // Numerics: every sum is taken in the same order as the numpy path
 // (ops/cpu/pool.py, ops/lcn.py, ops/cpu/lcn.py) and the build turns off FMA
 // contraction (-ffp-contract=off), so both paths give the same bits; the tests
-// compare them with assert_array_equal.
+// compare them with assert_array_equal.  The one exception is the residual's float64
+// sums of squares (a loss to log, not a gradient), which numpy adds in another order.
 #include <cmath>
 #include <cstddef>
 #include <vector>
@@ -309,6 +311,45 @@ void add_channels(T* x, idx sxh, idx sxw, const T* b, idx sbh, idx sbw, idx W, i
     }
 }
 
+// The autoencoder's residual over rows [h0, h1) of (H, W, L) maps: r = xh - x and
+// out = r * scale (numpy's bits), and per row h the float64 sums of r^2 and x^2 into
+// sums[2h] and sums[2h + 1].  Eight partial sums per row (lanes in a fixed order, so any
+// bands give the same numbers): one chain of dependent adds was latency-bound.
+template <class T>
+void residual(const T* xh, idx sah, idx saw, const T* x, idx sxh, idx sxw, idx W, idx L, T scale, T* out,
+              idx soh, idx sow, double* sums, idx h0, idx h1) {
+  constexpr int P = 8;
+  for (idx h = h0; h < h1; ++h) {
+    double rr[P] = {}, xx[P] = {};
+    for (idx w = 0; w < W; ++w) {
+      const T* a = xh + h * sah + w * saw;
+      const T* b = x + h * sxh + w * sxw;
+      T* o = out + h * soh + w * sow;
+      idx l = 0;
+      for (; l + P <= L; l += P)
+        for (int k = 0; k < P; ++k) {
+          const T r = a[l + k] - b[l + k];
+          o[l + k] = r * scale;
+          rr[k] += double(r) * double(r);
+          xx[k] += double(b[l + k]) * double(b[l + k]);
+        }
+      for (int k = 0; l < L; ++l, ++k) {
+        const T r = a[l] - b[l];
+        o[l] = r * scale;
+        rr[k] += double(r) * double(r);
+        xx[k] += double(b[l]) * double(b[l]);
+      }
+    }
+    double sr = 0.0, sx = 0.0;
+    for (int k = 0; k < P; ++k) {
+      sr += rr[k];
+      sx += xx[k];
+    }
+    sums[2 * h] = sr;
+    sums[2 * h + 1] = sx;
+  }
+}
+
 }  // namespace
 
 #define COTSDL_EXPORT extern "C" __attribute__((visibility("default")))
@@ -379,6 +420,12 @@ void add_channels(T* x, idx sxh, idx sxw, const T* b, idx sbh, idx sbw, idx W, i
     lcn_du<T>(ds, s, q, du, W, N, h0, h1);                                                                       \
   }
 
+#define RESIDUAL(T, S)                                                                                          \
+  COTSDL_EXPORT void cotsdl_residual_##S(const T* xh, idx sah, idx saw, const T* x, idx sxh, idx sxw, idx W, idx L, \
+                                         T scale, T* out, idx soh, idx sow, double* sums, idx h0, idx h1) {       \
+    residual<T>(xh, sah, saw, x, sxh, sxw, W, L, scale, out, soh, sow, sums, h0, h1);                            \
+  }
+
 COTSDL_BOTH(POOL_FWD)
 COTSDL_BOTH(POOL_BWD)
 COTSDL_BOTH(CORR2)
@@ -390,3 +437,4 @@ COTSDL_BOTH(LCN_SPREAD)
 COTSDL_BOTH(ADD_CHANNELS)
 COTSDL_BOTH(LCN_BRANCHES)
 COTSDL_BOTH(LCN_DU)
+COTSDL_BOTH(RESIDUAL)
