@@ -11,6 +11,7 @@ filter (3 passes)      ``ops/cpu/filter.py``        ``ops/cuda/filter.py`` + ``c
 L2 pool (2 passes)     ``ops/cpu/pool.py``          ``ops/cuda/pool.py`` + ``cuda/pool.cu``
 LCN smoothing passes   ``ops/cpu/lcn.py``           ``ops/cuda/lcn.py`` + ``cuda/lcn.cu``
 LCN algebra            ``ops/lcn.py`` (either array library)
+autoencoder residual   ``ops/residual.py`` (either array library; a native pass on the CPU)
 =====================  ===========================  ==============================
 
 chosen by :func:`cotsdl.ops._dispatch.implementation` from the arrays (CuPy arrays: the

@@ -178,18 +178,16 @@ def step_ops(network: Network, counts: list[LayerCounts], stage: int, batch: int
     comp(p, "forward", "pool P(h)", ex(p, "forward", "pool: exchange h"), decoder_sums)  # while the sums travel
     reduce(G, 2 * 8, "loss terms")
     x_own, h_own = counts[f].src_elems, counts[f].out_elems
-    elementwise(x_own, 6, "r = x_hat - x, |r|^2, dx_hat", f)
+    elementwise(x_own, 3, "dx_hat = 2 (x_hat - x) / N and the loss sums (one pass: ops/residual.py)", f)
     comp(f, "forward", "decoder transpose F(dx_hat)", ex(f, "forward", "decoder transpose: exchange dx_hat"))
     elementwise(counts[p].out_elems, 1, "dP = lam / N", p)
     comp(p, "backward", "pool backward")
     sparsity_sums = ex(p, "adjoint", "pool backward: sum into owners")
     elementwise(h_own, 3, "dh += P^T(lam / N)", f)
-    comp(f, "backward_weights", "dW encoder")
     comp(f, "backward_weights", "dW decoder", sparsity_sums)  # (it runs while those sums travel)
+    comp(f, "backward_weights", "dW encoder" + (" (added to the decoder's in its pass)" if tied else ""))
     w = counts[f].params_rank
     copies = 1 if tied else 2
-    if tied:
-        elementwise(w, 3, "dW = dW_enc + dW_dec", f)
     # (3) data parallelism: this rank's gradient block averaged over the replicas
     if replicas > 1:
         reduce(replicas, w * itemsize * copies, "gradient over replicas")
@@ -211,12 +209,12 @@ def memory(network: Network, counts: list[LayerCounts], stage: int, itemsize: in
            tied: bool = True) -> dict[str, Any]:
     """Bytes per rank (arrays over ranks) in one step of ``stage``, by category and by layer.
 
-    Weights: every filter layer's block (twice untied).  Gradients: the stage's encoder and
-    decoder blocks and their sum.  Optimizer: its slots for the stage and the two work arrays
+    Weights: every filter layer's block (twice untied).  Gradients: the stage's gradient block
+    (tied: the decoder's, to which the encoder's pass adds; untied: one each).  Optimizer: its slots for the stage and the two work arrays
     its update runs in (``train.optim``: kept from step to step).  Activations: what
     the step keeps alive at its peak -- windows, outputs (and LCN caches, about an output)
     of the frozen layers below, then the objective's arrays (3 windows of the filter input,
-    4 blocks of the stage input, 4 filter outputs, 2 pool windows, 2 pool outputs).
+    3 blocks of the stage input, 4 filter outputs, 2 pool windows, 2 pool outputs).
     Buffers: packed send and receive buffers of every exchange of the step.
     """
     f, p = network.layer_index(stage, "filter"), network.layer_index(stage, "pool")
@@ -227,12 +225,12 @@ def memory(network: Network, counts: list[LayerCounts], stage: int, itemsize: in
     for c in counts:
         by_layer[c.index]["weights"] += c.params_rank * copies * itemsize
     w = counts[f].params_rank
-    by_layer[f]["gradients"] += w * (3 if tied else 2) * itemsize
+    by_layer[f]["gradients"] += w * copies * itemsize
     by_layer[f]["optimizer"] += w * (optimizer_slots + UPDATE_WORK_ARRAYS) * copies * itemsize
     for c in counts[:f]:
         by_layer[c.index]["activations"] += (c.window_elems + c.out_elems * (2 if c.kind == "lcn" else 1)) * itemsize
     cf, cp = counts[f], counts[p]
-    by_layer[f]["activations"] += (3 * cf.window_elems + 4 * cf.src_elems + 4 * cf.out_elems) * itemsize
+    by_layer[f]["activations"] += (3 * cf.window_elems + 3 * cf.src_elems + 4 * cf.out_elems) * itemsize
     by_layer[p]["activations"] += (2 * cp.window_elems + 2 * cp.out_elems) * itemsize
     for c in counts[:p + 1]:  # the adjoint's packed buffers are its own
         by_layer[c.index]["buffers"] += (c.sent + c.received) * (2 if c.index in (f, p) else 1)
