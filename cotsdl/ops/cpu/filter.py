@@ -176,10 +176,11 @@ def filter_backward_weights(x: np.ndarray, dy: np.ndarray, size: tuple[int, int]
     dw = np.empty((SH * SW, M, R), x.dtype) if out is None else out.reshape(SH * SW, M, R)
     kern, sx = native.kernel("lc_bwd_w", x.dtype), native.strides(x, 1)
     if kern is not None and sx is not None and dy.dtype == x.dtype and (out is None or out.flags.c_contiguous):
-        sd = native.strides(dy, 1)
+        sd, panel = native.strides(dy, 1), 64 // x.dtype.itemsize
 
         def sites_(s0: int, s1: int) -> None:
-            scratch = ws.get("lc_bwd_w", (N * (M + R),), x.dtype)  # dY_s^T and X_s packed (filter.cpp)
+            # dY_s^T, and X_s^T in panels of two 32-byte vectors of field rows (filter.cpp)
+            scratch = ws.get("lc_bwd_w", (N * (M + -(-R // panel) * panel),), x.dtype)
             kern(x, *sx, C, N, dy, *sd, rh, rw, *stride, SW, bh, bw, K, dw, int(accumulate), scratch, s0, s1)
         run_split(SH * SW, sites_)
         return dw.reshape(SH, SW, M, rh, rw, C) if out is None else out

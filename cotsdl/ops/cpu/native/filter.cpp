@@ -13,8 +13,9 @@
 //   forward           Y_s   = W_s X_s          rows m, columns n, reduction over k
 //   backward-data     dX_s += W_s^T dY_s       rows k, columns n, reduction over m
 //   backward-weights  dW_s^T (+)= X_s dY_s^T   rows k, columns m, reduction over n (+=: accumulate)
-// Backward-weights packs dY_s^T (N x M) and X_s (in blocks of L rows, n-major) per site
-// into the caller's scratch, and stores each L x L tile transposed in registers.
+// Backward-weights packs dY_s^T (N x M) and X_s^T (panels of 2L field rows, n-major) per
+// site into the caller's scratch; with `add` it adds to dW (a tied autoencoder's second
+// weight gradient, into the first).
 //
 // Thread map: one call computes the sites [s0, s1) (forward, backward-weights: a site
 // writes only its own outputs) or the site rows [i0, i1) (backward-data adds into dx
@@ -23,7 +24,7 @@
 // calls on its thread pool; ctypes releases the GIL.
 //
 // Register tile: MR = 6 rows x NV = 2 vectors of 32 bytes (12 accumulators of 16 AVX
-// registers; backward-weights: L x L, 8 accumulators for float), one broadcast per row
+// registers), one broadcast per row
 // and NV loads per step of the reduction.  Rows outermost, so a tile's A rows stay in
 // L1 while the columns sweep.  Columns past the last whole vector take a scalar loop.
 // The vectors are GCC/Clang vector extensions: AVX2 with -march=native on x86, split
@@ -45,8 +46,7 @@
 namespace {
 
 using idx = long;
-// Rows of w or dw that a chunk of backward-data's reduction, or of backward-weights' columns,
-// touches at once.  P-paper's rows are a page apart: chunks of 16 rows ran backward-data at
+// Rows of w that a chunk of backward-data's reduction touches at once.  P-paper's rows are a page apart: chunks of 16 rows ran backward-data at
 // 53-55 GFLOP/s on one core, of 32 at 43-44, of 128 at 44-47.  Up to 32 rows stay whole (a
 // split adds a pass over the output: 8% on B's backward-data).
 idx chunk(idx rows) { return rows <= 32 ? rows : 16; }
@@ -128,16 +128,12 @@ inline void transpose(Vec<double>::type* r) {
   r[3] = COTSDL_SHUFFLE(V, t1, t3, 2, 3, 6, 7);
 }
 
-// C (=, +=, = transposed) A B: rows r, columns l, a reduction over k.
+// C (= or +=) A B: rows r, columns l, a reduction over k.
 //   A(r, k) = arow[r][k], or, without row pointers, a[k*ak + r]
-//   B(k, l) = b[boff[k] + l]            C(r, l) = c[r][l*lc]
+//   B(k, l) = b[boff[k] + l]            C(r, l) = c[r][l]
 // Without row pointers a tile's A needs one register, not MR (with MR pointers GCC spills
-// them and the loop becomes load-bound).  TRANSPOSED: lc is C's column stride and
-// c[r] = c[0] + r, so an L x L block is stored as L vectors after a transpose in registers;
-// TRANSPOSED_ADD adds it to C (a tied autoencoder's second weight gradient, into the first).
-enum Out { SET, ADD, TRANSPOSED, TRANSPOSED_ADD };
-constexpr bool transposed(Out o) { return o == TRANSPOSED || o == TRANSPOSED_ADD; }
-constexpr bool adds(Out o) { return o == ADD || o == TRANSPOSED_ADD; }
+// them and the loop becomes load-bound).
+enum Out { SET, ADD };
 
 template <class T>
 struct Product {
@@ -147,7 +143,6 @@ struct Product {
   const T* b;
   const idx* boff;
   T* const* c;
-  idx lc;
 };
 
 // Rows [r, r + MR), columns [n0, n0 + L*NV), reduction [k0, k1).
@@ -173,30 +168,10 @@ inline void tile(const Product<T>& P, idx r, idx k0, idx k1, idx n0) {
     }
   }
   T* const* c = P.c + r;
-  if (transposed(O) && MR == L) {
-    for (int v = 0; v < NV; ++v) {
-      V blk[L];
-      for (int i = 0; i < L; ++i) blk[i] = acc[i][v];
-      transpose(blk);
-      for (int l = 0; l < L; ++l) {
-        T* p = c[0] + (n0 + v * L + l) * P.lc;
-        store<T>(p, adds(O) ? load<T>(p) + blk[l] : blk[l]);
-      }
-    }
-    return;
-  }
   for (int i = 0; i < MR; ++i)
     for (int v = 0; v < NV; ++v) {
-      if (O == SET) {
-        store<T>(c[i] + n0 + v * L, acc[i][v]);
-      } else if (O == ADD) {
-        store<T>(c[i] + n0 + v * L, load<T>(c[i] + n0 + v * L) + acc[i][v]);
-      } else {
-        for (int l = 0; l < L; ++l) {
-          T& out = c[i][(n0 + v * L + l) * P.lc];
-          out = adds(O) ? out + acc[i][v][l] : acc[i][v][l];
-        }
-      }
+      T* p = c[i] + n0 + v * L;
+      store<T>(p, O == ADD ? load<T>(p) + acc[i][v] : acc[i][v]);
     }
 }
 
@@ -207,8 +182,8 @@ void tail(const Product<T>& P, idx r, int mr, idx k0, idx k1, idx n0, idx n1) {
     for (idx n = n0; n < n1; ++n) {
       T s = T(0);
       for (idx k = k0; k < k1; ++k) s += (P.arow ? P.arow[r + i][k] : P.a[k * P.ak + r + i]) * P.b[P.boff[k] + n];
-      T& out = P.c[r + i][n * P.lc];
-      out = adds(O) ? out + s : s;
+      T& out = P.c[r + i][n];
+      out = O == ADD ? out + s : s;
     }
 }
 
@@ -225,13 +200,10 @@ void row_block(const Product<T>& P, idx r, idx k0, idx k1, idx n0, idx n1) {
   if (n0 < n1) tail<T, O>(P, r, MR, k0, k1, n0, n1);
 }
 
-// Rows [r0, r1): blocks of 6 (TRANSPOSED: of L first), then the rest.
+// Rows [r0, r1): blocks of 6, then the rest.
 template <class T, Out O>
 void rows_of(const Product<T>& P, idx r0, idx r1, idx k0, idx k1, idx n0, idx n1) {
-  constexpr int L = Vec<T>::L;
   idx r = r0;
-  if (transposed(O))  // L x L blocks: 8 accumulators for float, 4 x 2 for double
-    for (; r + L <= r1; r += L) row_block<T, L, 8 / L, O>(P, r, k0, k1, n0, n1);
   for (; r + 6 <= r1; r += 6) row_block<T, 6, 2, O>(P, r, k0, k1, n0, n1);
   switch (r1 - r) {
     case 5: row_block<T, 5, 2, O>(P, r, k0, k1, n0, n1); break;
@@ -282,7 +254,7 @@ void lc_fwd(const T* x, idx sx0, idx sx1, idx sx2, idx C, idx N, const T* w, idx
       a[m] = ws + m * R;
       c[m] = yb + yoff[m];
     }
-    const Product<T> P{a.data(), nullptr, 1, x + i * sh * sx0 + j * sw * sx1, xoff.data(), c.data(), 1};
+    const Product<T> P{a.data(), nullptr, 1, x + i * sh * sx0 + j * sw * sx1, xoff.data(), c.data()};
     panel<T, SET>(P, M, R, N, R);
   }
 }
@@ -299,14 +271,15 @@ void lc_bwd_data(const T* dy, idx sd0, idx sd1, idx sd2, const T* w, idx rh, idx
       const T* ws = w + (i * SW + j) * M * R;
       T* xb = dx + i * sh * sx0 + j * sw * sx1;
       for (idx k = 0; k < R; ++k) c[k] = xb + xoff[k];
-      const Product<T> P{nullptr, ws, R, dy + i * bh * sd0 + j * bw * sd1, dyoff.data(), c.data(), 1};
+      const Product<T> P{nullptr, ws, R, dy + i * bh * sd0 + j * bw * sd1, dyoff.data(), c.data()};
       panel<T, ADD>(P, R, M, N, chunk(M));
     }
 }
 
-// X_s's rows [k0, k0 + L) as N x L (n-major) at pk: L x L blocks transposed in registers.
+// X_s's rows rows[0..L) as N x L (n-major) at pk, row n at pk + n * ps: L x L blocks
+// transposed in registers.
 template <class T>
-void pack_rows(const T* const* rows, idx N, T* pk) {
+void pack_rows(const T* const* rows, idx N, T* pk, idx ps) {
   using V = typename Vec<T>::type;
   constexpr int L = Vec<T>::L;
   idx n = 0;
@@ -314,47 +287,56 @@ void pack_rows(const T* const* rows, idx N, T* pk) {
     V blk[L];
     for (int i = 0; i < L; ++i) blk[i] = load<T>(rows[i] + n);
     transpose(blk);
-    for (int l = 0; l < L; ++l) store<T>(pk + (n + l) * L, blk[l]);
+    for (int l = 0; l < L; ++l) store<T>(pk + (n + l) * ps, blk[l]);
   }
   for (; n < N; ++n)
-    for (int i = 0; i < L; ++i) pk[n * L + i] = rows[i][n];
+    for (int i = 0; i < L; ++i) pk[n * ps + i] = rows[i][n];
 }
 
+// dW_s (M x R) = dY_s X_s^T as the 6 x 2L tiles of the other passes: rows m, columns r,
+// a reduction over n.  A = dY_s^T packed N x M (A(m, n) = dyt[n*M + m]); B = X_s^T packed
+// in panels of 2L field rows, each N x 2L (n-major); a tile stores its 2L columns, one
+// cache line, straight into dW's row m (no transpose).
 template <class T, Out O>
 void lc_bwd_w(const T* x, idx sx0, idx sx1, idx sx2, idx C, idx N, const T* dy, idx sd0, idx sd1, idx sd2, idx rh,
               idx rw, idx sh, idx sw, idx SW, idx bh, idx bw, idx K, T* dw, T* scratch, idx s0, idx s1) {
-  constexpr int L = Vec<T>::L;
-  const idx R = rh * rw * C, M = bh * bw * K, RL = R - R % L;
+  constexpr int L = Vec<T>::L, B = 2 * L;
+  const idx R = rh * rw * C, M = bh * bw * K, panels = (R + B - 1) / B;
   const std::vector<idx> xoff = field_offsets(rh, rw, C, sx0, sx1, sx2);
   const std::vector<idx> dyoff = field_offsets(bh, bw, K, sd0, sd1, sd2);
-  std::vector<idx> noff(N);
-  for (idx n = 0; n < N; ++n) noff[n] = n * M;
+  std::vector<idx> boff(N);
+  for (idx n = 0; n < N; ++n) boff[n] = n * B;
   std::vector<const T*> a(R);
-  std::vector<T*> c(R);
-  T* dyt = scratch;       // dY_s^T, N x M
-  T* pk = scratch + N * M;  // X_s's rows packed in blocks of L, (R / L) x N x L
+  std::vector<T*> c(M);
+  T* dyt = scratch;         // dY_s^T, N x M
+  T* pk = scratch + N * M;  // X_s^T in panels of B rows: panels x N x B
   for (idx s = s0; s < s1; ++s) {
     const idx i = s / SW, j = s % SW;
     const T* xb = x + i * sh * sx0 + j * sw * sx1;
     const T* db = dy + i * bh * sd0 + j * bw * sd1;
     for (idx m = 0; m < M; ++m)
       for (idx n = 0; n < N; ++n) dyt[n * M + m] = db[dyoff[m] + n];
-    T* dws = dw + s * M * R;
-    for (idx k = 0; k < R; ++k) {
-      a[k] = xb + xoff[k];
-      c[k] = dws + k;
-    }
-    for (idx k0 = 0; k0 < RL; k0 += L) pack_rows<T>(a.data() + k0, N, pk + k0 * N);
-    // Columns (neurons m) in chunks outermost: the rows of dW a chunk stores to fit in the TLB.
-    for (idx m0 = 0; m0 < M; m0 += chunk(M)) {
-      const idx m1 = m0 + chunk(M) < M ? m0 + chunk(M) : M;
-      for (idx k0 = 0; k0 < RL; k0 += L) {
-        const Product<T> P{nullptr, pk + k0 * N, L, dyt, noff.data(), c.data() + k0, R};
-        row_block<T, L, 8 / L, O>(P, 0, 0, N, m0, m1);
+    for (idx k = 0; k < R; ++k) a[k] = xb + xoff[k];
+    for (idx k = 0; k < R; k += L) {
+      T* p = pk + (k / B) * N * B + k % B;
+      if (k + L <= R) {
+        pack_rows<T>(a.data() + k, N, p, B);
+      } else {
+        for (idx n = 0; n < N; ++n)
+          for (idx r = k; r < R; ++r) p[n * B + r - k] = a[r][n];
       }
-      if (RL < R) {
-        const Product<T> P{a.data(), nullptr, 1, dyt, noff.data(), c.data(), R};
-        rows_of<T, O>(P, RL, R, 0, N, m0, m1);
+    }
+    T* dws = dw + s * M * R;
+    // One tile's rows (neurons m) outermost, so it stores into 6 rows of dW, each written in
+    // order: against chunks of 16 rows, 1.16-1.17x on A, B, C and D and level on P-paper (one
+    // core, 80 interleaved rounds each; chunks of 8 and 12 in between).
+    for (idx m0 = 0; m0 < M; m0 += 6) {
+      const idx m1 = m0 + 6 < M ? m0 + 6 : M;
+      for (idx q = 0; q < panels; ++q) {
+        const idx r0 = q * B, width = R - r0 < B ? R - r0 : B;
+        for (idx m = m0; m < m1; ++m) c[m] = dws + m * R + r0;
+        const Product<T> P{nullptr, dyt, M, pk + q * N * B, boff.data(), c.data()};
+        rows_of<T, O>(P, m0, m1, 0, N, 0, width);
       }
     }
   }
@@ -378,8 +360,8 @@ void lc_bwd_w(const T* x, idx sx0, idx sx1, idx sx2, idx C, idx N, const T* dy, 
   COTSDL_EXPORT void cotsdl_lc_bwd_w_##S(const T* x, idx sx0, idx sx1, idx sx2, idx C, idx N, const T* dy,       \
                                          idx sd0, idx sd1, idx sd2, idx rh, idx rw, idx sh, idx sw, idx SW,      \
                                          idx bh, idx bw, idx K, T* dw, idx add, T* dyt, idx s0, idx s1) {        \
-    (add ? lc_bwd_w<T, TRANSPOSED_ADD> : lc_bwd_w<T, TRANSPOSED>)(x, sx0, sx1, sx2, C, N, dy, sd0, sd1, sd2, rh, rw, \
-                                                                 sh, sw, SW, bh, bw, K, dw, dyt, s0, s1);          \
+    (add ? lc_bwd_w<T, ADD> : lc_bwd_w<T, SET>)(x, sx0, sx1, sx2, C, N, dy, sd0, sd1, sd2, rh, rw, sh, sw, SW, bh, bw, \
+                                               K, dw, dyt, s0, s1);                                                \
   }
 
 COTSDL_FILTER_KERNELS(float, f32)
