@@ -12,7 +12,7 @@
 //
 //   forward           Y_s   = W_s X_s          rows m, columns n, reduction over k
 //   backward-data     dX_s += W_s^T dY_s       rows k, columns n, reduction over m
-//   backward-weights  dW_s^T (+)= X_s dY_s^T   rows k, columns m, reduction over n (+=: accumulate)
+//   backward-weights  dW_s (+)= dY_s X_s^T     rows m, columns k, reduction over n
 // Backward-weights packs dY_s^T (N x M) and X_s^T (panels of 2L field rows, n-major) per
 // site into the caller's scratch; with `add` it adds to dW (a tied autoencoder's second
 // weight gradient, into the first).
@@ -46,9 +46,10 @@
 namespace {
 
 using idx = long;
-// Rows of w that a chunk of backward-data's reduction touches at once.  P-paper's rows are a page apart: chunks of 16 rows ran backward-data at
-// 53-55 GFLOP/s on one core, of 32 at 43-44, of 128 at 44-47.  Up to 32 rows stay whole (a
-// split adds a pass over the output: 8% on B's backward-data).
+// Rows of w that a chunk of backward-data's reduction touches at once.  P-paper's rows are a
+// page apart: chunks of 16 rows ran backward-data at 53-55 GFLOP/s on one core, of 32 at
+// 43-44, of 128 at 44-47.  Up to 32 rows stay whole (a split adds a pass over the output:
+// 8% on B's backward-data).
 idx chunk(idx rows) { return rows <= 32 ? rows : 16; }
 
 template <class T>
