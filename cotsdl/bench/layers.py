@@ -6,7 +6,7 @@ backward) on the filter's output, by the minimum bytes of :mod:`cotsdl.ops.costs
 
 - ``--backend numpy``: the four shapes below and the paper's layer on a 96x96x3 input
   (``P-paper``).  The ceiling is numpy's float32 2048^3 sgemm on all cores, measured in
-  the same run at the start and again before each shape, the highest so far counting (a
+  the same run at the start and again before each shape (the first shape included), the highest so far counting (a
   burst of load elsewhere during one measurement would otherwise flatter every fraction); each filter pass is also set beside its batched products alone (same
   operands already in the GEMM's layout, same threads: what BLAS gives these small
   per-site products).  ``--peer`` adds the formulations of :mod:`cotsdl.bench.peers`
@@ -214,8 +214,9 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
     if peers:
         say(f"{'':48}(peer time / ours, peer ms: ratio > 1 means ours is faster; '≠': disagrees, not timed)")
     fkey = "fraction_of_sgemm" if dev is None else "fraction_of_peak"
-    for k, sh in enumerate(shapes):
-        if dev is None and k > 0:  # the ceiling again, in this shape's conditions; the highest counts
+    for sh in shapes:
+        if dev is None:  # the ceiling again, in this shape's conditions; the highest counts (the run's
+            # first measurement came out at 0.6 of the later ones in several runs here)
             again = sgemm_ceiling()
             if again > ceiling:
                 say(f"(sgemm 2048^3 before {sh.name}: {again:.1f} GFLOP/s, the ceiling from here on)")

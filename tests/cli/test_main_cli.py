@@ -65,7 +65,12 @@ def test_bench_layers_table_and_json(tmp_path):
     data = json.loads(out.read_text())
     assert data["sgemm_2048_GFLOPs"] > 0
     assert [r["shape"] for r in data["results"]] == ["A", "D-blocks"]
+    # the ceiling is measured again before each shape; the highest so far counts
+    ceilings = [r["ceiling_GFLOPs"] for r in data["results"]]
+    assert ceilings == sorted(ceilings) and ceilings[-1] == data["sgemm_2048_GFLOPs"]
     for row in data["results"]:
+        fl = row["ops"]["filter_forward"]
+        assert fl["fraction_of_sgemm"] == pytest.approx(fl["GFLOPs"] / row["ceiling_GFLOPs"])
         assert set(row["ops"]) == {"filter_forward", "filter_bwd_data", "filter_bwd_weights", "pool_forward",
                                    "pool_backward", "lcn_forward", "lcn_backward", "train_step"}
         assert 0 < row["ops"]["filter_forward"]["fraction_of_sgemm"]
