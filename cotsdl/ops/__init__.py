@@ -29,7 +29,7 @@ Forward (public, stable signatures)::
 Backward::
 
     local_filter_backward_data(dy, w, stride, block=(1, 1), *, input_shape)  -> dx
-    local_filter_backward_weights(x, dy, size, stride, block=(1, 1))        -> dw
+    local_filter_backward_weights(x, dy, size, stride, block=(1, 1), *, out=None, accumulate=False) -> dw
     l2_pool_backward(dy, x, y, size, stride)                                  -> dx
     lcn_backward(dy, x, size, sigma, eps)                                     -> dx
 
