@@ -26,7 +26,10 @@ def _st(a: np.ndarray) -> tuple[int, int] | None:
 
 
 def residual(x_hat: Any, x: Any, scale: float, out: Any) -> tuple[float, float]:
-    """``out[...] = scale * (x_hat - x)``; returns (sum (x_hat - x)^2, sum x^2) as floats."""
+    """``out[...] = scale * (x_hat - x)``; returns (sum (x_hat - x)^2, sum x^2) as floats.
+
+    ``out`` may be ``x_hat`` itself but must not overlap ``x`` (x is read after out is written).
+    """
     if not (x_hat.shape == x.shape == out.shape and x_hat.dtype == x.dtype == out.dtype):
         raise ValueError(f"residual: x_hat {x_hat.shape} {x_hat.dtype}, x {x.shape} {x.dtype} and out "
                          f"{out.shape} {out.dtype} must have one shape and dtype")

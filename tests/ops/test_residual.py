@@ -64,3 +64,15 @@ def test_mismatched_arrays_are_refused():
         residual(a, a.astype(np.float64), 1.0, a.copy())
     with pytest.raises(ValueError, match="must have one shape and dtype"):
         residual(a, a, 1.0, np.zeros((2, 2, 1, 4), np.float32))
+
+
+@pytest.mark.parametrize("use", [True, False])
+def test_out_may_be_x_hat(use):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 4, 2, 9)).astype(np.float32)
+    x_hat = rng.standard_normal(x.shape).astype(np.float32)
+    want, sums = (x_hat - x) * np.float32(0.5), _exact(x_hat, x)
+    with native.use(use):
+        got = residual(x_hat, x, 0.5, x_hat)
+    np.testing.assert_array_equal(x_hat, want)
+    np.testing.assert_allclose(got, sums, rtol=1e-12)
