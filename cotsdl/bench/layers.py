@@ -6,10 +6,11 @@ backward) on the filter's output, by the minimum bytes of :mod:`cotsdl.ops.costs
 
 - ``--backend numpy``: the four shapes below and the paper's layer on a 96x96x3 input
   (``P-paper``).  The ceiling is numpy's float32 2048^3 sgemm on all cores, measured in
-  the same run at the start and again before each shape (the first shape included), the highest so far counting (a
-  burst of load elsewhere during one measurement would otherwise flatter every fraction); each filter pass is also set beside its batched products alone (same
-  operands already in the GEMM's layout, same threads: what BLAS gives these small
-  per-site products).  ``--peer`` adds the formulations of :mod:`cotsdl.bench.peers`
+  the same run at the start and again before each shape (the first included), the
+  highest so far counting (a burst of load elsewhere during one measurement would
+  otherwise flatter every fraction); each filter pass is also set beside its batched
+  products alone (same operands already in the GEMM's layout, same threads: what BLAS
+  gives these small per-site products).  ``--peer`` adds the formulations of :mod:`cotsdl.bench.peers`
   (PyTorch eager and ``torch.compile``'d, JAX), checked first to compute our function;
   every contestant of a pass is timed in interleaved rounds, with idle OpenMP and BLAS
   threads told not to spin, and the best peer's ratio is printed per pass and shape.

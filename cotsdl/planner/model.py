@@ -210,8 +210,9 @@ def memory(network: Network, counts: list[LayerCounts], stage: int, itemsize: in
     """Bytes per rank (arrays over ranks) in one step of ``stage``, by category and by layer.
 
     Weights: every filter layer's block (twice untied).  Gradients: the stage's gradient block
-    (tied: the decoder's, to which the encoder's pass adds; untied: one each).  Optimizer: its slots for the stage and the two work arrays
-    its update runs in (``train.optim``: kept from step to step).  Activations: what
+    (tied: the decoder's, to which the encoder's pass adds; untied: one each).  Optimizer: its
+    slots for the stage and the two work arrays its update runs in (``train.optim``: kept from
+    step to step).  Activations: what
     the step keeps alive at its peak -- windows, outputs (and LCN caches, about an output)
     of the frozen layers below, then the objective's arrays (3 windows of the filter input,
     3 blocks of the stage input, 4 filter outputs, 2 pool windows, 2 pool outputs).
