@@ -114,18 +114,9 @@ def _rows(xp, n: int, bytes_per_row: int, fn: Callable[[int, int], None], one_pa
         fn(0, n)
 
 
-def _fused(xp, name: str, *arrays: np.ndarray) -> Callable[..., None] | None:
-    """On the numpy backend, the native kernel ``name`` (:mod:`~cotsdl.ops.cpu.native`: the same
-    bits as the numpy steps, in one memory pass); None when the kernels are off, on a device, or
-    when one of ``arrays`` is not laid out for it (inner axes contiguous): then numpy runs."""
-    if xp is not np or any(_st(a) is None for a in arrays):
-        return None
-    return native.kernel(name, arrays[0].dtype)
-
-
-def _st(a: np.ndarray) -> tuple[int, int] | None:
-    """Element strides of the two spatial axes, when the rest (channels, images) is contiguous."""
-    return native.strides(a, a.ndim - 2)
+# On the numpy backend, a native kernel (the same bits as the numpy steps, in one memory pass),
+# else None: then numpy or CuPy runs; and the spatial strides the kernels take.
+_fused, _st = native.for_arrays, native.pixel_strides
 
 
 def _scratch(ws: Workspace | None, xp, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:

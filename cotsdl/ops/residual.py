@@ -21,10 +21,6 @@ from .cpu import native
 from .cpu.parallel import run_bands
 
 
-def _st(a: np.ndarray) -> tuple[int, int] | None:
-    return native.strides(a, a.ndim - 2)
-
-
 def residual(x_hat: Any, x: Any, scale: float, out: Any) -> tuple[float, float]:
     """``out[...] = scale * (x_hat - x)``; returns (sum (x_hat - x)^2, sum x^2) as floats.
 
@@ -35,14 +31,14 @@ def residual(x_hat: Any, x: Any, scale: float, out: Any) -> tuple[float, float]:
                          f"{out.shape} {out.dtype} must have one shape and dtype")
     xp = backend.array_module(x)
     s = x.dtype.type(scale)
-    kern = native.kernel("residual", x.dtype) if xp is np and x.ndim >= 3 else None
-    sts = [_st(a) for a in (x_hat, x, out)] if kern is not None else None
-    if kern is not None and None not in sts:
+    kern = native.for_arrays(xp, "residual", x_hat, x, out) if x.ndim >= 3 else None
+    if kern is not None:
         H, W = x.shape[:2]
         L = int(np.prod(x.shape[2:]))
         sums = np.empty((H, 2), np.float64)
+        st = native.pixel_strides
         run_bands(H, W * L * x.dtype.itemsize * 3,
-                  lambda h0, h1: kern(x_hat, *sts[0], x, *sts[1], W, L, s, out, *sts[2], sums, h0, h1), True)
+                  lambda h0, h1: kern(x_hat, *st(x_hat), x, *st(x), W, L, s, out, *st(out), sums, h0, h1), True)
         rec, sig = sums.sum(axis=0)
         return float(rec), float(sig)
     r = xp.subtract(x_hat, x, out=out)

@@ -198,6 +198,21 @@ def strides(a: np.ndarray, inner: int) -> tuple[int, ...] | None:
     return tuple(s // item for s in lead)
 
 
+def pixel_strides(a: np.ndarray) -> tuple[int, int] | None:
+    """Element strides of a feature map's two spatial axes, when the rest (channels, images) is
+    contiguous, else None."""
+    return strides(a, a.ndim - 2)
+
+
+def for_arrays(xp, name: str, *arrays: np.ndarray) -> Callable[..., None] | None:
+    """The kernel ``name`` for element-wise passes over ``arrays`` (feature maps): None on a device
+    (``xp`` not NumPy), when the kernels are off, or when one of the arrays is not laid out for it
+    (:func:`pixel_strides`); the caller then runs its array-library path."""
+    if xp is not np or any(pixel_strides(a) is None for a in arrays):
+        return None
+    return kernel(name, arrays[0].dtype)
+
+
 @contextmanager
 def use(on: bool | None) -> Iterator[None]:
     """Native kernels on (True), off (False) or as ``COTSDL_NATIVE`` says (None) inside the block."""
