@@ -10,8 +10,8 @@ backward) on the filter's output, by the minimum bytes of :mod:`cotsdl.ops.costs
   highest so far counting (a burst of load elsewhere during one measurement would
   otherwise flatter every fraction); each filter pass is also set beside its batched
   products alone (same operands already in the GEMM's layout, same threads: what BLAS
-  gives these small per-site products).  ``--peer`` adds the formulations of :mod:`cotsdl.bench.peers`
-  (PyTorch eager and ``torch.compile``'d, JAX), checked first to compute our function;
+  gives these small per-site products).  ``--peer`` adds the formulations of
+  :mod:`cotsdl.bench.peers` (PyTorch eager and ``torch.compile``'d, JAX), checked first to compute our function;
   every contestant of a pass is timed in interleaved rounds, with idle OpenMP and BLAS
   threads told not to spin, and the best peer's ratio is printed per pass and shape.
 - ``--backend cuda``: CuPy arrays on the GPU; the ceilings are the device's fp32 peak
@@ -253,7 +253,7 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
         }
         if backend_name == "numpy":
             runs = {name: (as_step(lent, fn), cost) for name, (fn, cost) in runs.items()}
-        if backend_name == "numpy":  # a whole step of the stage's autoencoder: 5 filter passes and the pool
+            # a whole step of the stage's autoencoder: 5 filter passes and the pool
             runs["train_step"] = (lambda: sparse_ae_loss(x, w, stride=stride, block=sh.block, pool_size=POOL["size"],
                                                          pool_stride=POOL["stride"], lam=TRAIN_LAM, eps=POOL["eps"],
                                                          copy=False),
