@@ -402,9 +402,11 @@ def test_the_watchdog_names_silent_ranks_and_a_deadlock(tmp_path):
         dog.progress(7)
         keep = threading.Event()
 
-        def other_rank():  # rank 1's watchdog thread: beats while it "lives"
-            while not keep.is_set():
-                (folder / "rank-00001").write_text(json.dumps({"step": 7, "time": time.time(), "host": "h", "pid": 1}))
+        def other_rank():  # rank 1's watchdog thread: beats while it "lives", atomically as Watchdog does
+            while not keep.is_set():  # (a plain write_text could be read half-written: "never seen")
+                tmp = folder / "rank-00001.tmp"
+                tmp.write_text(json.dumps({"step": 7, "time": time.time(), "host": "h", "pid": 1}))
+                os.replace(tmp, folder / "rank-00001")
                 time.sleep(0.05)
         t = threading.Thread(target=other_rank) if alive else None
         if t:
