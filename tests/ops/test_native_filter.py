@@ -7,6 +7,8 @@ absolute terms is the same pass run on absolute values.  Shapes are fuzzed to co
 the register tiles' edges: rows not a multiple of 6 or 8, images not a multiple of
 the vector width, blocks, strided views, 1-3 threads.
 """
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -22,7 +24,9 @@ FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthChe
 def cases(draw):
     rh, rw = draw(st.integers(1, 5)), draw(st.integers(1, 5))
     sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-    H, W = rh + sh * draw(st.integers(0, 3)), rw + sw * draw(st.integers(0, 3))
+    # Rows and columns no field covers too: past the last field, and between fields (stride > size).
+    H = rh + sh * draw(st.integers(0, 3)) + draw(st.integers(0, sh - 1))
+    W = rw + sw * draw(st.integers(0, 3)) + draw(st.integers(0, sw - 1))
     C, N = draw(st.integers(1, 4)), draw(st.sampled_from([1, 3, 8, 13, 16, 24, 37]))
     block, K = (draw(st.integers(1, 2)), draw(st.integers(1, 2))), draw(st.integers(1, 7))
     return (H, W, C, N), (rh, rw), (sh, sw), block, K, draw(st.sampled_from([np.float32, np.float64]))
@@ -53,13 +57,15 @@ def assert_within_sum_bound(got, exact, terms, length, dtype):
 
 
 @FUZZ
-@given(cases(), st.booleans(), st.integers(1, 3))
-def test_native_filter_within_the_sum_bound(case, view, threads):
+@given(cases(), st.booleans(), st.integers(1, 3), st.booleans())
+def test_native_filter_within_the_sum_bound(case, view, threads, by_dx_rows):
+    """Backward-data both ways: by sites (scatter) and by rows of dx (gather), whichever the
+    traffic model would pick."""
     (H, W, C, N), size, stride, block, K, dtype = case
     x, w, dy = arrays(case, view)
     parallel.set_num_threads(threads)
     try:
-        with native.use(True):
+        with native.use(True), mock.patch.object(cf, "by_dx_rows", lambda *a: by_dx_rows):
             got = passes(x, w, dy, size, stride, block)
         with native.use(False):
             exact = passes(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64), size, stride, block)
@@ -73,11 +79,13 @@ def test_native_filter_within_the_sum_bound(case, view, threads):
         assert_within_sum_bound(g, e, t, length, dtype)
 
 
-def test_paper_like_shape_with_chunked_rows():
-    """More than 32 neurons: backward-data's reduction and backward-weights' columns run in chunks."""
+@pytest.mark.parametrize("by_dx_rows", [False, True])
+def test_paper_like_shape_with_chunked_rows(by_dx_rows):
+    """More than 32 neurons: backward-data's reduction (by sites) and backward-weights' columns
+    run in chunks; by rows of dx, a number's 9 sites in chunks of 6 (256 // M)."""
     case = ((14, 12, 3, 16), (6, 5), (2, 2), (2, 2), 10, np.float32)  # M = 40, R = 90
     x, w, dy = arrays(case, view=False, seed=1)
-    with native.use(True):
+    with native.use(True), mock.patch.object(cf, "by_dx_rows", lambda *a: by_dx_rows):
         got = passes(x, w, dy, (6, 5), (2, 2), (2, 2))
     with native.use(False):
         want = passes(x, w, dy, (6, 5), (2, 2), (2, 2))

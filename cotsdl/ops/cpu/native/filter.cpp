@@ -17,11 +17,16 @@
 // site into the caller's scratch; with `add` it adds to dW (a tied autoencoder's second
 // weight gradient, into the first).
 //
+// Backward-data by rows of dx (lc_bwd_data_rows) instead sums each dx number over all the
+// sites covering it in registers and stores it once; Python picks one of the two ways by a
+// model of their memory traffic (ops/cpu/filter.by_dx_rows).
+//
 // Thread map: one call computes the sites [s0, s1) (forward, backward-weights: a site
-// writes only its own outputs) or the site rows [i0, i1) (backward-data adds into dx
-// rows that the next ceil(rh/sh) - 1 site rows add to too, so Python runs site-row
-// blocks of one colour at a time, ops/cpu/parallel.colored_blocks).  Python runs the
-// calls on its thread pool; ctypes releases the GIL.
+// writes only its own outputs), the site rows [i0, i1) (backward-data by sites adds into
+// dx rows that the next ceil(rh/sh) - 1 site rows add to too, so Python runs site-row
+// blocks of one colour at a time, ops/cpu/parallel.colored_blocks) or the dx rows
+// [h0, h1) (backward-data by rows).  Python runs the calls on its thread pool; ctypes
+// releases the GIL.
 //
 // Register tile: MR = 6 rows x NV = 2 vectors of 32 bytes (12 accumulators of 16 AVX
 // registers), one broadcast per row
@@ -146,72 +151,100 @@ struct Product {
   T* const* c;
 };
 
-// Rows [r, r + MR), columns [n0, n0 + L*NV), reduction [k0, k1).
-template <class T, int MR, int NV, Out O, bool ROWS>
-inline void tile(const Product<T>& P, idx r, idx k0, idx k1, idx n0) {
-  using V = typename Vec<T>::type;
-  constexpr int L = Vec<T>::L;
-  const T* ap[MR];
-  if (ROWS)
-    for (int i = 0; i < MR; ++i) ap[i] = P.arow[r + i];
-  const T* as = P.a + r;
-  const idx ak = P.ak;
-  V acc[MR][NV];
-  for (int i = 0; i < MR; ++i)
-    for (int v = 0; v < NV; ++v) acc[i][v] = V{};
-  for (idx k = k0; k < k1; ++k) {
-    const T* bk = P.b + P.boff[k] + n0;
-    V bv[NV];
-    for (int v = 0; v < NV; ++v) bv[v] = load<T>(bk + v * L);
+// MR x NV accumulators: zeroed, then stored (= or +=) into rows [r, r + MR), columns [n0, ...).
+template <class T, int MR, int NV>
+struct Acc {
+  typename Vec<T>::type v[MR][NV];
+  Acc() {
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NV; ++j) v[i][j] = typename Vec<T>::type{};
+  }
+  // acc[i] += a[i * as] * bv for the MR rows
+  inline void fma(const T* a, idx as, const typename Vec<T>::type* bv) {
     for (int i = 0; i < MR; ++i) {
-      const V ai = splat(ROWS ? ap[i][k] : as[k * ak + i]);
-      for (int v = 0; v < NV; ++v) acc[i][v] += ai * bv[v];
+      const typename Vec<T>::type ai = splat(a[i * as]);
+      for (int j = 0; j < NV; ++j) v[i][j] += ai * bv[j];
     }
   }
-  T* const* c = P.c + r;
-  for (int i = 0; i < MR; ++i)
-    for (int v = 0; v < NV; ++v) {
-      T* p = c[i] + n0 + v * L;
-      store<T>(p, O == ADD ? load<T>(p) + acc[i][v] : acc[i][v]);
-    }
+  template <Out O>
+  inline void store_to(T* const* c, idx n0) const {
+    constexpr int L = Vec<T>::L;
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NV; ++j) {
+        T* p = c[i] + n0 + j * L;
+        store<T>(p, O == ADD ? load<T>(p) + v[i][j] : v[i][j]);
+      }
+  }
+};
+
+template <class T, int NV>
+inline void load_row(const T* p, typename Vec<T>::type* bv) {
+  for (int j = 0; j < NV; ++j) bv[j] = load<T>(p + j * Vec<T>::L);
 }
 
-// The same, one number at a time, for the columns [n0, n1) that do not fill a vector.
-template <class T, Out O>
-void tail(const Product<T>& P, idx r, int mr, idx k0, idx k1, idx n0, idx n1) {
-  for (int i = 0; i < mr; ++i)
-    for (idx n = n0; n < n1; ++n) {
-      T s = T(0);
-      for (idx k = k0; k < k1; ++k) s += (P.arow ? P.arow[r + i][k] : P.a[k * P.ak + r + i]) * P.b[P.boff[k] + n];
-      T& out = P.c[r + i][n];
-      out = O == ADD ? out + s : s;
-    }
-}
+// A product over the reduction [k0, k1): the tiles the row blocks below call.
+template <class T>
+struct Span {
+  const Product<T>& P;
+  idx k0, k1;
 
-template <class T, int MR, int NV, Out O>
-void row_block(const Product<T>& P, idx r, idx k0, idx k1, idx n0, idx n1) {
+  // Rows [r, r + MR), columns [n0, n0 + L*NV).
+  template <int MR, int NV, Out O>
+  inline void tile(idx r, idx n0) const {
+    Acc<T, MR, NV> acc;
+    typename Vec<T>::type bv[NV];
+    if (P.arow) {
+      const T* ap[MR];
+      for (int i = 0; i < MR; ++i) ap[i] = P.arow[r + i];
+      for (idx k = k0; k < k1; ++k) {
+        load_row<T, NV>(P.b + P.boff[k] + n0, bv);
+        for (int i = 0; i < MR; ++i) {
+          const typename Vec<T>::type ai = splat(ap[i][k]);
+          for (int j = 0; j < NV; ++j) acc.v[i][j] += ai * bv[j];
+        }
+      }
+    } else {
+      for (idx k = k0; k < k1; ++k) {
+        load_row<T, NV>(P.b + P.boff[k] + n0, bv);
+        acc.fma(P.a + k * P.ak + r, 1, bv);
+      }
+    }
+    acc.template store_to<O>(P.c + r, n0);
+  }
+
+  // The same, one number at a time, for the columns [n0, n1) that do not fill a vector.
+  template <Out O>
+  void tail(idx r, int mr, idx n0, idx n1) const {
+    for (int i = 0; i < mr; ++i)
+      for (idx n = n0; n < n1; ++n) {
+        T s = T(0);
+        for (idx k = k0; k < k1; ++k) s += (P.arow ? P.arow[r + i][k] : P.a[k * P.ak + r + i]) * P.b[P.boff[k] + n];
+        T& out = P.c[r + i][n];
+        out = O == ADD ? out + s : s;
+      }
+  }
+};
+
+// Rows [r, r + MR) of a product S (a Span, or Sites below), columns [n0, n1).
+template <class T, int MR, int NV, Out O, class S>
+void row_block(const S& P, idx r, idx n0, idx n1) {
   constexpr int L = Vec<T>::L;
-  if (P.arow) {
-    for (; n0 + NV * L <= n1; n0 += NV * L) tile<T, MR, NV, O, true>(P, r, k0, k1, n0);
-    for (; NV > 1 && n0 + L <= n1; n0 += L) tile<T, MR, 1, O, true>(P, r, k0, k1, n0);
-  } else {
-    for (; n0 + NV * L <= n1; n0 += NV * L) tile<T, MR, NV, O, false>(P, r, k0, k1, n0);
-    for (; NV > 1 && n0 + L <= n1; n0 += L) tile<T, MR, 1, O, false>(P, r, k0, k1, n0);
-  }
-  if (n0 < n1) tail<T, O>(P, r, MR, k0, k1, n0, n1);
+  for (; n0 + NV * L <= n1; n0 += NV * L) P.template tile<MR, NV, O>(r, n0);
+  for (; NV > 1 && n0 + L <= n1; n0 += L) P.template tile<MR, 1, O>(r, n0);
+  if (n0 < n1) P.template tail<O>(r, MR, n0, n1);
 }
 
 // Rows [r0, r1): blocks of 6, then the rest.
-template <class T, Out O>
-void rows_of(const Product<T>& P, idx r0, idx r1, idx k0, idx k1, idx n0, idx n1) {
+template <class T, Out O, class S>
+void rows_of(const S& P, idx r0, idx r1, idx n0, idx n1) {
   idx r = r0;
-  for (; r + 6 <= r1; r += 6) row_block<T, 6, 2, O>(P, r, k0, k1, n0, n1);
+  for (; r + 6 <= r1; r += 6) row_block<T, 6, 2, O>(P, r, n0, n1);
   switch (r1 - r) {
-    case 5: row_block<T, 5, 2, O>(P, r, k0, k1, n0, n1); break;
-    case 4: row_block<T, 4, 2, O>(P, r, k0, k1, n0, n1); break;
-    case 3: row_block<T, 3, 2, O>(P, r, k0, k1, n0, n1); break;
-    case 2: row_block<T, 2, 2, O>(P, r, k0, k1, n0, n1); break;
-    case 1: row_block<T, 1, 2, O>(P, r, k0, k1, n0, n1); break;
+    case 5: row_block<T, 5, 2, O>(P, r, n0, n1); break;
+    case 4: row_block<T, 4, 2, O>(P, r, n0, n1); break;
+    case 3: row_block<T, 3, 2, O>(P, r, n0, n1); break;
+    case 2: row_block<T, 2, 2, O>(P, r, n0, n1); break;
+    case 1: row_block<T, 1, 2, O>(P, r, n0, n1); break;
     default: break;
   }
 }
@@ -223,10 +256,11 @@ template <class T, Out O>
 void panel(const Product<T>& P, idx rows, idx kn, idx ncols, idx kc) {
   for (idx k0 = 0; k0 < kn; k0 += kc) {
     const idx k1 = k0 + kc < kn ? k0 + kc : kn;
+    const Span<T> S{P, k0, k1};
     if (k0 == 0 || O == ADD)
-      rows_of<T, O>(P, 0, rows, k0, k1, 0, ncols);
+      rows_of<T, O>(S, 0, rows, 0, ncols);
     else
-      rows_of<T, ADD>(P, 0, rows, k0, k1, 0, ncols);
+      rows_of<T, ADD>(S, 0, rows, 0, ncols);
   }
 }
 
@@ -275,6 +309,87 @@ void lc_bwd_data(const T* dy, idx sd0, idx sd1, idx sd2, const T* w, idx rh, idx
       const Product<T> P{nullptr, ws, R, dy + i * bh * sd0 + j * bw * sd1, dyoff.data(), c.data()};
       panel<T, ADD>(P, R, M, N, chunk(M));
     }
+}
+
+// Backward-data by rows of dx: the dx numbers at (h, w, c) for a run of columns w that the
+// same sites cover, each summed over all of its sites in registers and stored once.
+// A((w, c), (g, m)) = a[g][m*ak + (w - w0)*C + c] (site g's weights: consecutive w and c are
+// consecutive field rows); B((g, m), n) = b[g][boff[m] + n] (site g's dy rows).
+template <class T>
+struct Sites {
+  const T* const* a;
+  const T* const* b;
+  idx g0, g1, M, ak;
+  const idx* boff;
+  T* const* c;
+
+  template <int MR, int NV, Out O>
+  inline void tile(idx r, idx n0) const {
+    Acc<T, MR, NV> acc;
+    typename Vec<T>::type bv[NV];
+    for (idx g = g0; g < g1; ++g) {
+      const T* as = a[g] + r;
+      const T* bs = b[g] + n0;
+      for (idx m = 0; m < M; ++m) {
+        load_row<T, NV>(bs + boff[m], bv);
+        acc.fma(as + m * ak, 1, bv);
+      }
+    }
+    acc.template store_to<O>(c + r, n0);
+  }
+
+  template <Out O>
+  void tail(idx r, int mr, idx n0, idx n1) const {
+    for (int i = 0; i < mr; ++i)
+      for (idx n = n0; n < n1; ++n) {
+        T s = T(0);
+        for (idx g = g0; g < g1; ++g)
+          for (idx m = 0; m < M; ++m) s += a[g][m * ak + r + i] * b[g][boff[m] + n];
+        T& out = c[r + i][n];
+        out = O == ADD ? out + s : s;
+      }
+  }
+};
+
+// dx rows [h0, h1), every number set (those no site covers to 0): no clearing first, no
+// colours, threads own disjoint rows.  The reduction runs in chunks of sites of at most
+// 256 weight rows (a tile's A rows then stay in L1), the first chunk storing, the rest adding.
+template <class T>
+void lc_bwd_data_rows(const T* dy, idx sd0, idx sd1, idx sd2, const T* w, idx rh, idx rw, idx C, idx N, idx sh,
+                      idx sw, idx SH, idx SW, idx bh, idx bw, idx K, T* dx, idx sx0, idx sx1, idx sx2, idx W, idx h0,
+                      idx h1) {
+  const idx R = rh * rw * C, M = bh * bw * K, per = M < 256 ? 256 / M : 1;
+  const std::vector<idx> dyoff = field_offsets(bh, bw, K, sd0, sd1, sd2);
+  // The sites covering index x of an axis of fields `r` long at stride `s`, `n` of them: [lo, hi].
+  auto lo = [](idx x, idx r, idx s) { return x >= r ? (x - r) / s + 1 : 0; };
+  auto hi = [](idx x, idx s, idx n) { return x / s < n - 1 ? x / s : n - 1; };
+  std::vector<const T*> a, b;
+  std::vector<T*> c;
+  for (idx h = h0; h < h1; ++h) {
+    const idx i0 = lo(h, rh, sh), i1 = hi(h, sh, SH);
+    for (idx w0 = 0, w1; w0 < W; w0 = w1) {
+      const idx j0 = lo(w0, rw, sw), j1 = hi(w0, sw, SW);
+      for (w1 = w0 + 1; w1 < W && lo(w1, rw, sw) == j0 && hi(w1, sw, SW) == j1;) ++w1;
+      a.clear();
+      b.clear();
+      c.clear();
+      for (idx i = i0; i <= i1; ++i)
+        for (idx j = j0; j <= j1; ++j) {
+          a.push_back(w + (i * SW + j) * M * R + ((h - i * sh) * rw + w0 - j * sw) * C);
+          b.push_back(dy + i * bh * sd0 + j * bw * sd1);
+        }
+      for (idx x = w0; x < w1; ++x)
+        for (idx ch = 0; ch < C; ++ch) c.push_back(dx + h * sx0 + x * sx1 + ch * sx2);
+      const idx sites = (idx)a.size(), rows = (idx)c.size();
+      for (idx g0 = 0; g0 < sites || g0 == 0; g0 += per) {  // no sites: one pass storing zeros
+        const Sites<T> S{a.data(), b.data(), g0, g0 + per < sites ? g0 + per : sites, M, R, dyoff.data(), c.data()};
+        if (g0 == 0)
+          rows_of<T, SET>(S, 0, rows, 0, N);
+        else
+          rows_of<T, ADD>(S, 0, rows, 0, N);
+      }
+    }
+  }
 }
 
 // X_s's rows rows[0..L) as N x L (n-major) at pk, row n at pk + n * ps: L x L blocks
@@ -337,7 +452,7 @@ void lc_bwd_w(const T* x, idx sx0, idx sx1, idx sx2, idx C, idx N, const T* dy, 
         const idx r0 = q * B, width = R - r0 < B ? R - r0 : B;
         for (idx m = m0; m < m1; ++m) c[m] = dws + m * R + r0;
         const Product<T> P{nullptr, dyt, M, pk + q * N * B, boff.data(), c.data()};
-        rows_of<T, O>(P, m0, m1, 0, N, 0, width);
+        rows_of<T, O>(Span<T>{P, 0, N}, m0, m1, 0, width);
       }
     }
   }
@@ -357,6 +472,13 @@ void lc_bwd_w(const T* x, idx sx0, idx sx1, idx sx2, idx C, idx N, const T* dy, 
                                             idx C, idx N, idx sh, idx sw, idx SW, idx bh, idx bw, idx K, T* dx,  \
                                             idx sx0, idx sx1, idx sx2, idx i0, idx i1) {                         \
     lc_bwd_data<T>(dy, sd0, sd1, sd2, w, rh, rw, C, N, sh, sw, SW, bh, bw, K, dx, sx0, sx1, sx2, i0, i1);        \
+  }                                                                                                              \
+  COTSDL_EXPORT void cotsdl_lc_bwd_data_rows_##S(const T* dy, idx sd0, idx sd1, idx sd2, const T* w, idx rh,     \
+                                                 idx rw, idx C, idx N, idx sh, idx sw, idx SH, idx SW, idx bh,  \
+                                                 idx bw, idx K, T* dx, idx sx0, idx sx1, idx sx2, idx W, idx h0, \
+                                                 idx h1) {                                                      \
+    lc_bwd_data_rows<T>(dy, sd0, sd1, sd2, w, rh, rw, C, N, sh, sw, SH, SW, bh, bw, K, dx, sx0, sx1, sx2, W, h0, \
+                        h1);                                                                                     \
   }                                                                                                              \
   COTSDL_EXPORT void cotsdl_lc_bwd_w_##S(const T* x, idx sx0, idx sx1, idx sx2, idx C, idx N, const T* dy,       \
                                          idx sd0, idx sd1, idx sd2, idx rh, idx rw, idx sh, idx sw, idx SW,      \
