@@ -159,10 +159,10 @@ struct Acc {
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NV; ++j) v[i][j] = typename Vec<T>::type{};
   }
-  // acc[i] += a[i * as] * bv for the MR rows
-  inline void fma(const T* a, idx as, const typename Vec<T>::type* bv) {
+  // row i += a[i] * bv: A's MR rows of one reduction step, consecutive
+  inline void fma(const T* a, const typename Vec<T>::type* bv) {
     for (int i = 0; i < MR; ++i) {
-      const typename Vec<T>::type ai = splat(a[i * as]);
+      const typename Vec<T>::type ai = splat(a[i]);
       for (int j = 0; j < NV; ++j) v[i][j] += ai * bv[j];
     }
   }
@@ -206,7 +206,7 @@ struct Span {
     } else {
       for (idx k = k0; k < k1; ++k) {
         load_row<T, NV>(P.b + P.boff[k] + n0, bv);
-        acc.fma(P.a + k * P.ak + r, 1, bv);
+        acc.fma(P.a + k * P.ak + r, bv);
       }
     }
     acc.template store_to<O>(P.c + r, n0);
@@ -332,7 +332,7 @@ struct Sites {
       const T* bs = b[g] + n0;
       for (idx m = 0; m < M; ++m) {
         load_row<T, NV>(bs + boff[m], bv);
-        acc.fma(as + m * ak, 1, bv);
+        acc.fma(as + m * ak, bv);
       }
     }
     acc.template store_to<O>(c + r, n0);
