@@ -94,9 +94,10 @@ class LocalFilter:
                                               workspace=ctx.workspace)
 
     def weight_grad_local(self, x: np.ndarray, dy: np.ndarray, ctx: Context, out: Any = None,
-                          accumulate: bool = False):
+                          accumulate: bool = False, also: tuple[Any, Any] | None = None):
         """dW on this rank's sites from its input window ``x`` and ``dy`` on its owned output (into
-        ``out``; ``accumulate``: added to it)."""
+        ``out``; ``accumulate``: added to it; ``also``: a second (window, dy) pair's added, in the
+        same pass)."""
         if ctx.out.is_empty:
             if out is None:
                 return _zeros(dy, ctx.params.shape)
@@ -104,7 +105,7 @@ class LocalFilter:
                 out[...] = 0
             return out
         return ops.local_filter_backward_weights(x, dy, self.size, self.stride, self.block, workspace=ctx.workspace,
-                                                 out=out, accumulate=accumulate)
+                                                 out=out, accumulate=accumulate, also=also)
 
     def backward_local(self, dy: np.ndarray, x: np.ndarray, y: np.ndarray, cache, ctx: Context,
                        input_grad: bool = True):

@@ -232,8 +232,8 @@ class NetworkPlan:
 
     def backward(self, dy: DistArray, tape: Tape, params: dict[int, np.ndarray], *, input_grad: bool = True,
                  meanwhile: Callable[[], Any] | None = None,
-                 grads_into: dict[int, Any] | None = None,
-                 accumulate: bool = False) -> tuple[DistArray | None, dict[int, np.ndarray]]:
+                 grads_into: dict[int, Any] | None = None, accumulate: bool = False,
+                 also: dict[int, tuple[Any, Any]] | None = None) -> tuple[DistArray | None, dict[int, np.ndarray]]:
         """Gradients w.r.t. the tape's input (owned layout) and the weights, from dy on the owned output.
 
         ``input_grad=False`` stops at the weights of the tape's first layer (no input gradient
@@ -241,7 +241,9 @@ class NetworkPlan:
         does not touch these arrays) runs while the last input gradient travels, with overlap.
         ``grads_into``: arrays (by layer index) the weight gradients are written into, e.g.
         :meth:`buffer`'s, kept from step to step instead of allocated and page-faulted each time;
-        ``accumulate``: the gradients are added to those arrays.
+        ``accumulate``: the gradients are added to those arrays.  ``also``: per filter layer, a
+        second (input window, output gradient) pair whose weight gradient its pass adds (a tied
+        autoencoder's decoder, in the encoder's pass).
         """
         if accumulate and not grads_into:
             raise ValueError("accumulate=True needs grads_into (the arrays to add the gradients to)")
@@ -260,7 +262,8 @@ class NetworkPlan:
                         pending.wait()
                 into = None if grads_into is None else grads_into.get(i)
                 grads[i] = lp.layer.weight_grad_local(tape.inputs[k], cur.data, ctx, out=into,
-                                                      accumulate=accumulate and into is not None)
+                                                      accumulate=accumulate and into is not None,
+                                                      also=None if also is None else also.get(i))
                 cur = self._join(pending, extra, owners)
                 continue
             dx, dw = lp.layer.backward_local(cur.data, tape.inputs[k], tape.outputs[k], tape.caches[k], ctx,

@@ -29,7 +29,8 @@ Forward (public, stable signatures)::
 Backward::
 
     local_filter_backward_data(dy, w, stride, block=(1, 1), *, input_shape)  -> dx
-    local_filter_backward_weights(x, dy, size, stride, block=(1, 1), *, out=None, accumulate=False) -> dw
+    local_filter_backward_weights(x, dy, size, stride, block=(1, 1), *, out=None, accumulate=False,
+                                  also=None)                                 -> dw
     l2_pool_backward(dy, x, y, size, stride)                                  -> dx
     lcn_backward(dy, x, size, sigma, eps)                                     -> dx
 
@@ -80,23 +81,36 @@ def local_filter_backward_data(dy, w, stride, block=(1, 1), *, input_shape: Sequ
 
 
 def local_filter_backward_weights(x, dy, size, stride, block=(1, 1), *, workspace=None, out=None,
-                                  accumulate=False):
+                                  accumulate=False, also=None):
     """Gradient w.r.t. the weights, (SH, SW, M, rh, rw, C); written into ``out`` when given (a
     buffer the caller keeps from step to step: the paper's layer has 0.8 GB of weights).
 
-    ``accumulate``: add the gradient to ``out`` instead (a tied autoencoder's encoder and
-    decoder gradients, without a third pass over the weights to sum them).
+    ``accumulate``: add the gradient to ``out`` instead.  ``also=(x2, dy2)``: a second pair of
+    the same shapes, whose gradient is added in the same pass (a tied autoencoder's encoder
+    and decoder: the native kernel runs one reduction twice as long and writes the weights'
+    size once, instead of a second pass reading and writing it again).
     """
     shapes.activations("x", x)
     shapes.activations("dy", dy)
     shapes.same_dtype(x=x, dy=dy)
+    if also is not None:
+        if not (isinstance(also, tuple) and len(also) == 2):
+            raise ValueError(f"also must be a pair (x2, dy2), got {type(also).__name__}")
+        x2, dy2 = also
+        shapes.activations("also x2", x2)
+        shapes.activations("also dy2", dy2)
+        shapes.same_dtype(x=x, x2=x2, dy2=dy2)
+        if tuple(x2.shape) != tuple(x.shape) or tuple(dy2.shape) != tuple(dy.shape):
+            raise ValueError(f"also: x2 {tuple(x2.shape)} and dy2 {tuple(dy2.shape)} must have the shapes of "
+                             f"x {tuple(x.shape)} and dy {tuple(dy.shape)}")
     size, stride, block = pair("size", size), pair("stride", stride), pair("block", block)
     if accumulate and out is None:
         raise ValueError("accumulate=True needs out= (the gradient to add to)")
     if out is not None:
         SH, SW, K = shapes.check_backward_weights(x.shape, dy.shape, size, stride, block)
         shapes.out_array(out, (SH, SW, block[0] * block[1] * K) + size + (x.shape[2],), x.dtype)
-    return implementation(x, dy).filter_backward_weights(x, dy, size, stride, block, workspace, out, bool(accumulate))
+    return implementation(x, dy).filter_backward_weights(x, dy, size, stride, block, workspace, out, bool(accumulate),
+                                                          also)
 
 
 def l2_pool(x, size, stride, eps, *, workspace=None):

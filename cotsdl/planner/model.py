@@ -151,10 +151,11 @@ def step_ops(network: Network, counts: list[LayerCounts], stage: int, batch: int
                       label=label))
         return len(ops) - 1
 
-    def comp(li: int, pas: str, label: str, *hides: int) -> None:
+    def comp(li: int, pas: str, label: str, *hides: int, pairs: int = 1) -> None:
         c = counts[li]
         fl, by = c.passes[pas]
-        ops.append(Op("compute", f"{c.kind}_{pas}", li, flops=fl, bytes=by, label=label, hides=hides))
+        ops.append(Op("compute", f"{c.kind}_{pas}", li, flops=fl * pairs, bytes=by * pairs, label=label,
+                      hides=hides))
 
     def elementwise(elems: np.ndarray, passes: float, label: str, li: int | None = None) -> None:
         # one FLOP per element per pass, each pass reading or writing every element once
@@ -184,8 +185,11 @@ def step_ops(network: Network, counts: list[LayerCounts], stage: int, batch: int
     comp(p, "backward", "pool backward")
     sparsity_sums = ex(p, "adjoint", "pool backward: sum into owners")
     elementwise(h_own, 3, "dh += P^T(lam / N)", f)
-    comp(f, "backward_weights", "dW decoder", sparsity_sums)  # (it runs while those sums travel)
-    comp(f, "backward_weights", "dW encoder" + (" (added to the decoder's in its pass)" if tied else ""))
+    if tied:  # one pass over both pairs, (x, dh) and (dx_hat, h): one reduction twice as long
+        comp(f, "backward_weights", "dW encoder + decoder (one pass)", pairs=2)
+    else:
+        comp(f, "backward_weights", "dW decoder", sparsity_sums)  # (it runs while those sums travel)
+        comp(f, "backward_weights", "dW encoder")
     w = counts[f].params_rank
     copies = 1 if tied else 2
     # (3) data parallelism: this rank's gradient block averaged over the replicas
@@ -210,7 +214,7 @@ def memory(network: Network, counts: list[LayerCounts], stage: int, itemsize: in
     """Bytes per rank (arrays over ranks) in one step of ``stage``, by category and by layer.
 
     Weights: every filter layer's block (twice untied).  Gradients: the stage's gradient block
-    (tied: the decoder's, to which the encoder's pass adds; untied: one each).  Optimizer: its
+    (tied: one, both pairs' gradients summed in one pass; untied: one each).  Optimizer: its
     slots for the stage and the two work arrays its update runs in (``train.optim``: kept from
     step to step).  Activations: what
     the step keeps alive at its peak -- windows, outputs (and LCN caches, about an output)

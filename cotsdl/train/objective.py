@@ -95,24 +95,28 @@ class StageObjective:
         ones = lend(pooled.data.shape, dt, xp)
         ones.fill(dt.type(self.lam / N))
         dp = DistArray(x.comm, pooled.shape, pooled.window, pooled.owned, data=ones)
-        dec_grads: dict[int, Any] = {}
 
         # The gradients go into the plan's buffers (the same memory every step): the caller uses them
-        # before the next call.  Fresh ones cost the paper's layer 0.8 GB of page faults each.  Tied,
-        # the encoder's gradient is added to the decoder's in the same buffer by the filter's
-        # backward-weights pass itself: summing two buffers cost P-paper's step 0.1 s of 1.
+        # before the next call.  Fresh ones cost the paper's layer 0.8 GB of page faults each.
         into_enc = {f: plan.buffer(("objective", f, "dw"), w)}
-        into_dec = into_enc if w_dec is None else {f: plan.buffer(("objective", f, "dw_dec"), dec)}
+        if w_dec is None:
+            # Tied: the decoder's weight gradient, dW_F(dx_hat, h), and the encoder's, dW_F(x, dh), in
+            # one backward-weights pass (one reduction over both pairs' images, the gradient written
+            # once): P-paper's step wrote and re-read its 0.8 GB gradient in a second pass before.
+            dh_sparsity, _ = plan.backward(dp, pool_tape, {})  # P^T(lam / N)
+            dh.data += dh_sparsity.data
+            _, grads = plan.backward(dh, enc, {f: w}, input_grad=False, grads_into=into_enc,
+                                     also={f: (dec_tape.inputs[f - dec_tape.first], h.data)})
+            return parts, grads[f]
+        into_dec = {f: plan.buffer(("objective", f, "dw_dec"), dec)}
+        dec_grads: dict[int, Any] = {}
 
         def decoder_grad() -> None:  # dW_F(dx_hat, h), while the sparsity gradient travels
             dec_grads.update(plan.backward(h, dec_tape, {f: dec}, input_grad=False, grads_into=into_dec)[1])
 
         dh_sparsity, _ = plan.backward(dp, pool_tape, {}, meanwhile=decoder_grad)  # P^T(lam / N)
         dh.data += dh_sparsity.data
-        _, enc_grads = plan.backward(dh, enc, {f: w}, input_grad=False, grads_into=into_enc,
-                                     accumulate=w_dec is None)  # dW_F(x, dh) [+ the decoder's, tied]
-        if w_dec is None:
-            return parts, enc_grads[f]
+        _, enc_grads = plan.backward(dh, enc, {f: w}, input_grad=False, grads_into=into_enc)  # dW_F(x, dh)
         return parts, enc_grads[f], dec_grads[f]
 
 

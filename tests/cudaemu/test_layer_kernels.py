@@ -62,6 +62,8 @@ def test_filter_kernels(case, dtype, order):
     start = rng.standard_normal(w.shape).astype(dtype)  # accumulate: added to a kept gradient
     close(*both(lambda: ops.local_filter_backward_weights(x, dy, size, stride, block, out=start.copy(),
                                                          accumulate=True)), dtype)
+    x2, dy2 = rng.standard_normal(x.shape).astype(dtype), rng.standard_normal(dy.shape).astype(dtype)
+    close(*both(lambda: ops.local_filter_backward_weights(x, dy, size, stride, block, also=(x2, dy2))), dtype)
 
 
 @pytest.mark.parametrize("order", ORDERS, indirect=True)

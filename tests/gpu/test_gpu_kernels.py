@@ -83,6 +83,10 @@ def test_layer_kernels_on_device_equal_numpy(cp, dtype, case):
     start = rng.standard_normal(w.shape).astype(dtype)
     same(ops.local_filter_backward_weights(X, DY, size, stride, block, out=cp.asarray(start), accumulate=True),
          ops.local_filter_backward_weights(x, dy, size, stride, block, out=start.copy(), accumulate=True))
+    x2, dy2 = rng.standard_normal(x.shape).astype(dtype), rng.standard_normal(dy.shape).astype(dtype)
+    X2, DY2 = cp.asarray(x2), cp.asarray(dy2)
+    same(ops.local_filter_backward_weights(X, DY, size, stride, block, also=(X2, DY2)),
+         ops.local_filter_backward_weights(x, dy, size, stride, block, also=(x2, dy2)))
     p = ops.l2_pool(x, (2, 2), (1, 2), 0.01)
     same(ops.l2_pool(X, (2, 2), (1, 2), 0.01), p)
     dp = rng.standard_normal(p.shape).astype(dtype)

@@ -146,3 +146,20 @@ def test_weight_gradient_into_a_kept_buffer():
     acc = start.copy()
     assert ops.local_filter_backward_weights(x, dy, size, stride, block, out=acc, accumulate=True) is acc
     np.testing.assert_array_equal(acc, start + want)
+
+
+def test_weight_gradient_of_two_pairs_checks_them():
+    """``also``: a second (x, dy) pair of the same shapes and dtype, named when it is not."""
+    x, w, size, stride, block = make(CASES[2], np.float32, seed=13)
+    dy = ops.local_filter(x, w, stride, block)
+    x2, dy2 = x[::-1].copy(), dy[:, ::-1].copy()
+    got = ops.local_filter_backward_weights(x, dy, size, stride, block, also=(x2, dy2))
+    want = ops.local_filter_backward_weights(x, dy, size, stride, block) + \
+        ops.local_filter_backward_weights(x2, dy2, size, stride, block)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    with pytest.raises(ValueError, match="also must be a pair"):
+        ops.local_filter_backward_weights(x, dy, size, stride, block, also=[x2, dy2])
+    with pytest.raises(ValueError, match=r"also: x2 .* must have the shapes of"):
+        ops.local_filter_backward_weights(x, dy, size, stride, block, also=(x2[1:], dy2))
+    with pytest.raises(ValueError, match="dtypes differ"):
+        ops.local_filter_backward_weights(x, dy, size, stride, block, also=(x2, dy2.astype(np.float64)))

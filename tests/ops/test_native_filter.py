@@ -142,3 +142,35 @@ def test_backward_weights_accumulates_bitwise(case, view, threads, use_native):
     finally:
         parallel.set_num_threads(None)
     np.testing.assert_array_equal(out, start + fresh)
+
+
+@FUZZ
+@given(cases(), st.booleans(), st.booleans(), st.integers(1, 3))
+def test_backward_weights_of_two_pairs_in_one_pass(case, view, accumulate, threads):
+    """``also=(x2, dy2)``: the native kernel sums both products in one reduction of 2N (within a
+    sum's bound of the exact result); the numpy path adds the second product to the first,
+    exactly as two calls would.  x2 may be a view where x is not."""
+    (H, W, C, N), size, stride, block, K, dtype = case
+    x, w, dy = arrays(case, view)
+    x2, _, dy2 = arrays(case, not view, seed=2)
+    start = np.random.default_rng(3).standard_normal(w.shape).astype(dtype)
+    parallel.set_num_threads(threads)
+    try:
+        with native.use(True):
+            got = cf.filter_backward_weights(x, dy, size, stride, block, out=start.copy() if accumulate else None,
+                                             accumulate=accumulate, also=(x2, dy2))
+        with native.use(False):
+            numpy_path = cf.filter_backward_weights(x, dy, size, stride, block, out=start.copy(),
+                                                    accumulate=accumulate, also=(x2, dy2))
+            two_calls = cf.filter_backward_weights(x, dy, size, stride, block, out=start.copy(), accumulate=accumulate)
+            cf.filter_backward_weights(x2, dy2, size, stride, block, out=two_calls, accumulate=True)
+            f64 = [(a.astype(np.float64), d.astype(np.float64)) for a, d in ((x, dy), (x2, dy2))]
+            exact = sum(cf.filter_backward_weights(a, d, size, stride, block) for a, d in f64)
+            terms = sum(cf.filter_backward_weights(np.abs(a), np.abs(d), size, stride, block) for a, d in f64)
+    finally:
+        parallel.set_num_threads(None)
+    np.testing.assert_array_equal(numpy_path, two_calls)
+    assert got.dtype == dtype and got.shape == w.shape
+    if accumulate:  # got = start + (the pass's sum): the bound is the pass's, plus start's rounding
+        exact, terms = exact + start, terms + np.abs(start)
+    assert_within_sum_bound(got, exact, terms, 2 * N + 1, dtype)

@@ -193,35 +193,42 @@ def filter_backward_data(dy: np.ndarray, w: np.ndarray, stride: tuple[int, int],
 
 def filter_backward_weights(x: np.ndarray, dy: np.ndarray, size: tuple[int, int], stride: tuple[int, int],
                             block: tuple[int, int], workspace: Workspace | None = None,
-                            out: np.ndarray | None = None, accumulate: bool = False) -> np.ndarray:
+                            out: np.ndarray | None = None, accumulate: bool = False,
+                            also: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     H, W, C, N = x.shape
     rh, rw = size
     SH, SW, K = check_backward_weights(x.shape, dy.shape, size, stride, block)
     bh, bw = block
     M, R = bh * bw * K, rh * rw * C
     dy = np.ascontiguousarray(dy)
+    pairs = [(x, dy)] if also is None else [(x, dy), (also[0], np.ascontiguousarray(also[1]))]
     ws = or_new(workspace)
     dw = np.empty((SH * SW, M, R), x.dtype) if out is None else out.reshape(SH * SW, M, R)
-    kern, sx = native.kernel("lc_bwd_w", x.dtype), native.strides(x, 1)
-    if kern is not None and sx is not None and dy.dtype == x.dtype and (out is None or out.flags.c_contiguous):
-        sd, panel = native.strides(dy, 1), 64 // x.dtype.itemsize
+    kern, sx = native.kernel("lc_bwd_w", x.dtype), [native.strides(a, 1) for a, _ in pairs]
+    if (kern is not None and None not in sx and all(d.dtype == x.dtype for _, d in pairs)
+            and (out is None or out.flags.c_contiguous)):
+        sd, panel = [native.strides(d, 1) for _, d in pairs], 64 // x.dtype.itemsize
+        # the second pair's arguments, or a null pair
+        second = (pairs[1][0], *sx[1], pairs[1][1], *sd[1]) if also is not None else (None, 0, 0, 0, None, 0, 0, 0)
 
         def sites_(s0: int, s1: int) -> None:
-            # dY_s^T, and X_s^T in panels of two 32-byte vectors of field rows (filter.cpp)
-            scratch = ws.get("lc_bwd_w", (N * (M + -(-R // panel) * panel),), x.dtype)
-            kern(x, *sx, C, N, dy, *sd, rh, rw, *stride, SW, bh, bw, K, dw, int(accumulate), scratch, s0, s1)
+            # dY_s^T, and X_s^T in panels of two 32-byte vectors of field rows, per pair (filter.cpp)
+            scratch = ws.get("lc_bwd_w", (len(pairs) * N * (M + -(-R // panel) * panel),), x.dtype)
+            kern(x, *sx[0], C, N, dy, *sd[0], *second, rh, rw, *stride, SW, bh, bw, K, dw, int(accumulate), scratch,
+                 s0, s1)
         run_split(SH * SW, sites_)
         return dw.reshape(SH, SW, M, rh, rw, C) if out is None else out
-    p6 = _patches(x, size, stride, (SH, SW))
+    p6s = [(_patches(a, size, stride, (SH, SW)), d) for a, d in pairs]
 
     def work(i0: int, i1: int) -> None:
         # dW_s = dY_s X_s^T: BLAS reads the gathered X transposed, dw is written once, in place.
-        X = _gather(p6, i0, i1, ws)
         part = dw[i0 * SW:i1 * SW]
-        prod = ws.get("dw_sum", part.shape, x.dtype) if accumulate else part
-        np.matmul(_dy_sites(dy, block, i0, i1, ws), X.transpose(0, 2, 1), out=prod)
-        if accumulate:
-            part += prod
+        for t, (p6, d) in enumerate(p6s):
+            add = accumulate or t > 0
+            prod = ws.get("dw_sum", part.shape, x.dtype) if add else part
+            np.matmul(_dy_sites(d, block, i0, i1, ws), _gather(p6, i0, i1, ws).transpose(0, 2, 1), out=prod)
+            if add:
+                part += prod
 
-    run_ranges(chunk_bounds(SH, SW * R * N * x.dtype.itemsize), work)
+    run_ranges(chunk_bounds(SH, len(pairs) * SW * R * N * x.dtype.itemsize), work)
     return dw.reshape(SH, SW, M, rh, rw, C) if out is None else out

@@ -95,10 +95,13 @@ def filter_backward_data(dy: Any, w: Any, stride: tuple[int, int], block: tuple[
 
 
 def filter_backward_weights(x: Any, dy: Any, size: tuple[int, int], stride: tuple[int, int], block: tuple[int, int],
-                            workspace: Any = None, out: Any = None, accumulate: bool = False) -> Any:
-    """dw (SH, SW, M, rh, rw, C); copied into (``accumulate``: added to) ``out`` when given (one
-    interface with the numpy backend)."""
+                            workspace: Any = None, out: Any = None, accumulate: bool = False,
+                            also: tuple[Any, Any] | None = None) -> Any:
+    """dw (SH, SW, M, rh, rw, C) [+ ``also``'s, a second (x, dy) pair's]; copied into (``accumulate``:
+    added to) ``out`` when given (one interface with the numpy backend)."""
     dw = _filter_backward_weights(x, dy, size, stride, block)
+    if also is not None:
+        dw += _filter_backward_weights(also[0], also[1], size, stride, block)
     if out is None:
         return dw
     if accumulate:

@@ -14,8 +14,8 @@
 //   backward-data     dX_s += W_s^T dY_s       rows k, columns n, reduction over m
 //   backward-weights  dW_s (+)= dY_s X_s^T     rows m, columns k, reduction over n
 // Backward-weights packs dY_s^T (N x M) and X_s^T (panels of 2L field rows, n-major) per
-// site into the caller's scratch; with `add` it adds to dW (a tied autoencoder's second
-// weight gradient, into the first).
+// site into the caller's scratch; with `add` it adds to dW, and with a second pair (x2, dy2)
+// it sums both products in one reduction (a tied autoencoder's two weight gradients).
 //
 // Backward-data by rows of dx (lc_bwd_data_rows) instead sums each dx number over all the
 // sites covering it in registers and stores it once; Python picks one of the two ways by a
@@ -409,37 +409,55 @@ void pack_rows(const T* const* rows, idx N, T* pk, idx ps) {
     for (int i = 0; i < L; ++i) pk[n * ps + i] = rows[i][n];
 }
 
-// dW_s (M x R) = dY_s X_s^T as the 6 x 2L tiles of the other passes: rows m, columns r,
-// a reduction over n.  A = dY_s^T packed N x M (A(m, n) = dyt[n*M + m]); B = X_s^T packed
-// in panels of 2L field rows, each N x 2L (n-major); a tile stores its 2L columns, one
-// cache line, straight into dW's row m (no transpose).
+// One (x, dy) pair of backward-weights: the arrays and their strides (elements).
+template <class T>
+struct Pair {
+  const T* x;
+  idx sx0, sx1, sx2;
+  const T* dy;
+  idx sd0, sd1, sd2;
+};
+
+// dW_s (M x R) = sum over the pairs of dY_s X_s^T, as the 6 x 2L tiles of the other passes:
+// rows m, columns r, a reduction over the pairs' n (np * N long).  A = the dY_s^T packed
+// one under the other, (np N) x M (A(m, n) = dyt[n*M + m]); B = the X_s^T likewise, in panels
+// of 2L field rows, each (np N) x 2L (n-major); a tile stores its 2L columns, one cache
+// line, straight into dW's row m (no transpose).  Two pairs (a tied autoencoder's encoder and
+// decoder) make one reduction twice as long: dW is written once instead of written, read
+// and written again.
 template <class T, Out O>
-void lc_bwd_w(const T* x, idx sx0, idx sx1, idx sx2, idx C, idx N, const T* dy, idx sd0, idx sd1, idx sd2, idx rh,
-              idx rw, idx sh, idx sw, idx SW, idx bh, idx bw, idx K, T* dw, T* scratch, idx s0, idx s1) {
+void lc_bwd_w(const Pair<T>* pairs, idx np, idx C, idx N, idx rh, idx rw, idx sh, idx sw, idx SW, idx bh, idx bw,
+              idx K, T* dw, T* scratch, idx s0, idx s1) {
   constexpr int L = Vec<T>::L, B = 2 * L;
-  const idx R = rh * rw * C, M = bh * bw * K, panels = (R + B - 1) / B;
-  const std::vector<idx> xoff = field_offsets(rh, rw, C, sx0, sx1, sx2);
-  const std::vector<idx> dyoff = field_offsets(bh, bw, K, sd0, sd1, sd2);
-  std::vector<idx> boff(N);
-  for (idx n = 0; n < N; ++n) boff[n] = n * B;
+  const idx R = rh * rw * C, M = bh * bw * K, panels = (R + B - 1) / B, NN = np * N;
+  std::vector<std::vector<idx>> xoff, dyoff;
+  for (idx t = 0; t < np; ++t) {
+    xoff.push_back(field_offsets(rh, rw, C, pairs[t].sx0, pairs[t].sx1, pairs[t].sx2));
+    dyoff.push_back(field_offsets(bh, bw, K, pairs[t].sd0, pairs[t].sd1, pairs[t].sd2));
+  }
+  std::vector<idx> boff(NN);
+  for (idx n = 0; n < NN; ++n) boff[n] = n * B;
   std::vector<const T*> a(R);
   std::vector<T*> c(M);
-  T* dyt = scratch;         // dY_s^T, N x M
-  T* pk = scratch + N * M;  // X_s^T in panels of B rows: panels x N x B
+  T* dyt = scratch;          // dY_s^T, NN x M
+  T* pk = scratch + NN * M;  // X_s^T in panels of B rows: panels x NN x B
   for (idx s = s0; s < s1; ++s) {
     const idx i = s / SW, j = s % SW;
-    const T* xb = x + i * sh * sx0 + j * sw * sx1;
-    const T* db = dy + i * bh * sd0 + j * bw * sd1;
-    for (idx m = 0; m < M; ++m)
-      for (idx n = 0; n < N; ++n) dyt[n * M + m] = db[dyoff[m] + n];
-    for (idx k = 0; k < R; ++k) a[k] = xb + xoff[k];
-    for (idx k = 0; k < R; k += L) {
-      T* p = pk + (k / B) * N * B + k % B;
-      if (k + L <= R) {
-        pack_rows<T>(a.data() + k, N, p, B);
-      } else {
-        for (idx n = 0; n < N; ++n)
-          for (idx r = k; r < R; ++r) p[n * B + r - k] = a[r][n];
+    for (idx t = 0; t < np; ++t) {
+      const Pair<T>& pr = pairs[t];
+      const T* xb = pr.x + i * sh * pr.sx0 + j * sw * pr.sx1;
+      const T* db = pr.dy + i * bh * pr.sd0 + j * bw * pr.sd1;
+      for (idx m = 0; m < M; ++m)
+        for (idx n = 0; n < N; ++n) dyt[(t * N + n) * M + m] = db[dyoff[t][m] + n];
+      for (idx k = 0; k < R; ++k) a[k] = xb + xoff[t][k];
+      for (idx k = 0; k < R; k += L) {
+        T* p = pk + (k / B) * NN * B + t * N * B + k % B;
+        if (k + L <= R) {
+          pack_rows<T>(a.data() + k, N, p, B);
+        } else {
+          for (idx n = 0; n < N; ++n)
+            for (idx r = k; r < R; ++r) p[n * B + r - k] = a[r][n];
+        }
       }
     }
     T* dws = dw + s * M * R;
@@ -451,8 +469,8 @@ void lc_bwd_w(const T* x, idx sx0, idx sx1, idx sx2, idx C, idx N, const T* dy, 
       for (idx q = 0; q < panels; ++q) {
         const idx r0 = q * B, width = R - r0 < B ? R - r0 : B;
         for (idx m = m0; m < m1; ++m) c[m] = dws + m * R + r0;
-        const Product<T> P{nullptr, dyt, M, pk + q * N * B, boff.data(), c.data()};
-        rows_of<T, O>(Span<T>{P, 0, N}, m0, m1, 0, width);
+        const Product<T> P{nullptr, dyt, M, pk + q * NN * B, boff.data(), c.data()};
+        rows_of<T, O>(Span<T>{P, 0, NN}, m0, m1, 0, width);
       }
     }
   }
@@ -481,10 +499,13 @@ void lc_bwd_w(const T* x, idx sx0, idx sx1, idx sx2, idx C, idx N, const T* dy, 
                         h1);                                                                                     \
   }                                                                                                              \
   COTSDL_EXPORT void cotsdl_lc_bwd_w_##S(const T* x, idx sx0, idx sx1, idx sx2, idx C, idx N, const T* dy,       \
-                                         idx sd0, idx sd1, idx sd2, idx rh, idx rw, idx sh, idx sw, idx SW,      \
-                                         idx bh, idx bw, idx K, T* dw, idx add, T* dyt, idx s0, idx s1) {        \
-    (add ? lc_bwd_w<T, ADD> : lc_bwd_w<T, SET>)(x, sx0, sx1, sx2, C, N, dy, sd0, sd1, sd2, rh, rw, sh, sw, SW, bh, bw, \
-                                               K, dw, dyt, s0, s1);                                                \
+                                         idx sd0, idx sd1, idx sd2, const T* x2, idx sx20, idx sx21, idx sx22,   \
+                                         const T* dy2, idx sd20, idx sd21, idx sd22, idx rh, idx rw, idx sh,     \
+                                         idx sw, idx SW, idx bh, idx bw, idx K, T* dw, idx add, T* scratch,      \
+                                         idx s0, idx s1) {                                                       \
+    const Pair<T> pairs[2] = {{x, sx0, sx1, sx2, dy, sd0, sd1, sd2}, {x2, sx20, sx21, sx22, dy2, sd20, sd21, sd22}}; \
+    (add ? lc_bwd_w<T, ADD> : lc_bwd_w<T, SET>)(pairs, x2 ? 2 : 1, C, N, rh, rw, sh, sw, SW, bh, bw, K, dw,      \
+                                               scratch, s0, s1);                                                \
   }
 
 COTSDL_FILTER_KERNELS(float, f32)
