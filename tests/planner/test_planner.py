@@ -13,7 +13,8 @@ from cotsdl.nn.network import Network
 from cotsdl.planner import PRESETS, MachineError, load_machine, predict_step, suggest, validate_machine
 from cotsdl.planner.machine import op_seconds, rank_share
 from cotsdl.planner.model import layer_counts, step_ops
-from cotsdl.planner.predict import candidates
+from cotsdl.planner import predict as predict_mod
+from cotsdl.planner.predict import RANK_COUNTS, candidates, smallest_fit
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {"input": [13, 11, 2], "stages": [
@@ -158,6 +159,24 @@ def test_suggestion_is_the_lowest_prediction():
     best = min(per.values())
     assert per[(got[0]["replicas"], tuple(got[0]["grid"]))] == pytest.approx(best)
     assert len(got) == len(per)
+
+
+@pytest.mark.parametrize("tied, slots", [(True, 2), (False, 1)])
+def test_the_fit_search_skips_only_rank_counts_that_cannot_fit(monkeypatch, tied, slots):
+    """smallest_fit's memory bound skips rank counts before counting their halos; it must never
+    skip one that fits: the answer is the one found without it, and every skipped count really
+    does not fit."""
+    n, m = demo(), load_machine("gtx680-fdr")
+    whole = predict_step(n, 32, 1, None, 1, m, stage=0, optimizer_slots=slots, tied=tied)["memory_bytes"]
+    small = dict(m, device=dict(m["device"], memory_bytes=whole / 5))  # needs a few ranks
+    counts = [c for c in RANK_COUNTS if c <= 24]
+    kw = dict(optimizer_slots=slots, tied=tied)
+    got = smallest_fit(n, 32, small, counts=counts, **kw)
+    skipped = [c for c in counts if predict_mod._cannot_fit(n, 32, c, 1, small, None, **kw)]
+    monkeypatch.setattr(predict_mod, "_cannot_fit", lambda *a, **k: False)
+    assert got == smallest_fit(n, 32, small, counts=counts, **kw) and got is not None
+    assert skipped and got["ranks"] > max(skipped)
+    assert not any(s["fits"] for c in skipped for s in suggest(n, 32, c, small, replicas=1, **kw))
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
