@@ -97,6 +97,12 @@ class Box:
             return self
         return Box(tuple(map(min, self.lo, other.lo)), tuple(map(max, self.hi, other.hi)))
 
+    def overlaps(self, other: "Box") -> bool:
+        """True if the two boxes share an element: ``not (self & other).is_empty``, without building it
+        (an exchange plan asks it of every pair of ranks and most pairs are apart)."""
+        self._check(other)
+        return all(max(a, c) < min(b, d) for a, b, c, d in zip(self.lo, self.hi, other.lo, other.hi))
+
     def contains(self, other: "Box") -> bool:
         """True if ``other`` lies inside this box (the empty box lies in every box)."""
         self._check(other)

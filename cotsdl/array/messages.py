@@ -27,9 +27,9 @@ def transfers(rank: int, owned: Sequence[Box], windows: Sequence[Box]) -> tuple[
 
     A transfer whose peer is ``rank`` itself is a local copy.
     """
-    sends = [Transfer(p, owned[rank] & w) for p, w in enumerate(windows)]
-    recvs = [Transfer(p, o & windows[rank]) for p, o in enumerate(owned)]
-    return ([t for t in sends if not t.box.is_empty], [t for t in recvs if not t.box.is_empty])
+    mine, need = owned[rank], windows[rank]
+    return ([Transfer(p, mine & w) for p, w in enumerate(windows) if mine.overlaps(w)],
+            [Transfer(p, o & need) for p, o in enumerate(owned) if o.overlaps(need)])
 
 
 def partition_error(rank: int, owned: Sequence[Box], global_box: Box) -> str | None:

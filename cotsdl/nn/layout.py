@@ -64,9 +64,8 @@ def split_sites(layer: Any, in_shape: Sequence[int], sites: Box, ready: Box) -> 
     rng = []
     for a in (0, 1):
         b = layer.unit_block[a]
-        inside = [i for i in range(sites.lo[a], sites.hi[a])
-                  if ready.lo[a] <= layer.rf.input_range(a, i * b, (i + 1) * b, in_shape[a])[0]
-                  and layer.rf.input_range(a, i * b, (i + 1) * b, in_shape[a])[1] <= ready.hi[a]]
+        spans = ((i, layer.rf.input_range(a, i * b, (i + 1) * b, in_shape[a])) for i in range(sites.lo[a], sites.hi[a]))
+        inside = [i for i, (lo, hi) in spans if ready.lo[a] <= lo and hi <= ready.hi[a]]
         if not inside:  # input ranges move monotonically with i: the interior is one run
             return Box.empty(2), [sites]
         rng.append((inside[0], inside[-1] + 1))

@@ -34,6 +34,12 @@ def test_intersection_commutes_and_lies_in_both(pair):
 
 
 @given(same_rank_pair())
+def test_overlaps_is_a_nonempty_intersection(pair):
+    a, b = pair
+    assert a.overlaps(b) == b.overlaps(a) == (not (a & b).is_empty) == bool(points(a) & points(b))
+
+
+@given(same_rank_pair())
 def test_hull_contains_both_and_is_smallest(pair):
     a, b = pair
     h = a.hull(b)
