@@ -234,7 +234,8 @@ def _cannot_fit(network: Network, batch: int, ranks: int, replicas: int, machine
     and a stage's gradient and optimizer state, spread evenly over a model group, already exceed
     a rank's memory (the largest rank holds at least the mean).  Saves :func:`smallest_fit` the
     exchange counts of every grid of the rank counts far below the fit (the paper's 11.2B
-    network on 4 GB GPUs, which fits on 48: 2-24 skipped, ``cotsdl plan``'s refusal 14 s -> 11 s)."""
+    network on 4 GB GPUs, which fits on 48: 2-24 skipped, ``cotsdl plan``'s refusal 14 s -> 11 s
+    of CPU; 7 s once ``transfers`` also skipped the rank pairs that do not overlap)."""
     itemsize, copies = np.dtype(dtype).itemsize, 1 if tied else 2
     params = [c.params for c in counts_for(network, batch, (1, 1), itemsize)]  # per layer, grid-free
     rpn = int(ranks_per_node) if ranks_per_node else default_ranks_per_node(machine, ranks)
