@@ -34,7 +34,7 @@ import numpy as np
 from ..array.partition import _divisor_pairs
 from ..nn.network import Network
 from .machine import call_seconds, default_ranks_per_node, message_seconds, op_seconds, rank_share
-from .model import UPDATE_WORK_ARRAYS, Op, layer_counts, memory, step_ops
+from .model import Op, layer_counts, memory, step_ops
 
 _COUNTS_CACHE: dict[tuple, list] = {}
 
@@ -236,15 +236,14 @@ def _cannot_fit(network: Network, batch: int, ranks: int, replicas: int, machine
     exchange counts of every grid of the rank counts far below the fit (the paper's 11.2B
     network on 4 GB GPUs, which fits on 48: 2-24 skipped, ``cotsdl plan``'s refusal 14 s -> 11 s
     of CPU; 7 s once ``transfers`` also skipped the rank pairs that do not overlap)."""
-    itemsize, copies = np.dtype(dtype).itemsize, 1 if tied else 2
-    params = [c.params for c in counts_for(network, batch, (1, 1), itemsize)]  # per layer, grid-free
+    itemsize = np.dtype(dtype).itemsize
+    one = counts_for(network, batch, (1, 1), itemsize)  # every weight on one rank: the model's memory formula
     rpn = int(ranks_per_node) if ranks_per_node else default_ranks_per_node(machine, ranks)
     memory_share = rank_share(machine, rpn)["memory"]
-    group = ranks // replicas
     for k in range(len(network.stages)) if stages is None else stages:
-        per_weight = optimizer_slots + UPDATE_WORK_ARRAYS + 1  # slots, the update's work arrays, the gradient
-        held = (sum(params) + params[network.layer_index(k, "filter")] * per_weight) * copies * itemsize
-        if held / group > memory_share:
+        mem = memory(network, one, k, itemsize, optimizer_slots, tied)
+        held = float(mem["weights"][0] + mem["gradients"][0] + mem["optimizer"][0])  # split over the group
+        if held / (ranks // replicas) > memory_share:
             return True
     return False
 

@@ -99,25 +99,24 @@ class StageObjective:
         # The gradients go into the plan's buffers (the same memory every step): the caller uses them
         # before the next call.  Fresh ones cost the paper's layer 0.8 GB of page faults each.
         into_enc = {f: plan.buffer(("objective", f, "dw"), w)}
-        if w_dec is None:
-            # Tied: the decoder's weight gradient, dW_F(dx_hat, h), and the encoder's, dW_F(x, dh), in
-            # one backward-weights pass (one reduction over both pairs' images, the gradient written
-            # once): P-paper's step wrote and re-read its 0.8 GB gradient in a second pass before.
-            dh_sparsity, _ = plan.backward(dp, pool_tape, {})  # P^T(lam / N)
-            dh.data += dh_sparsity.data
-            _, grads = plan.backward(dh, enc, {f: w}, input_grad=False, grads_into=into_enc,
-                                     also={f: (dec_tape.inputs[f - dec_tape.first], h.data)})
-            return parts, grads[f]
-        into_dec = {f: plan.buffer(("objective", f, "dw_dec"), dec)}
         dec_grads: dict[int, Any] = {}
+        decoder_grad = also = None
+        if w_dec is None:
+            # Tied: the decoder's weight gradient, dW_F(dx_hat, h), is summed with the encoder's in its
+            # pass (one reduction over both pairs' images, the gradient written once): P-paper's step
+            # wrote and re-read its 0.8 GB gradient in a second pass before.
+            also = {f: (dec_tape.inputs[f - dec_tape.first], h.data)}
+        else:
+            into_dec = {f: plan.buffer(("objective", f, "dw_dec"), dec)}
 
-        def decoder_grad() -> None:  # dW_F(dx_hat, h), while the sparsity gradient travels
-            dec_grads.update(plan.backward(h, dec_tape, {f: dec}, input_grad=False, grads_into=into_dec)[1])
+            def decoder_grad() -> None:  # dW_F(dx_hat, h), while the sparsity gradient travels
+                dec_grads.update(plan.backward(h, dec_tape, {f: dec}, input_grad=False, grads_into=into_dec)[1])
 
         dh_sparsity, _ = plan.backward(dp, pool_tape, {}, meanwhile=decoder_grad)  # P^T(lam / N)
         dh.data += dh_sparsity.data
-        _, enc_grads = plan.backward(dh, enc, {f: w}, input_grad=False, grads_into=into_enc)  # dW_F(x, dh)
-        return parts, enc_grads[f], dec_grads[f]
+        _, enc_grads = plan.backward(dh, enc, {f: w}, input_grad=False, grads_into=into_enc,
+                                     also=also)  # dW_F(x, dh) [+ the decoder's, tied]
+        return (parts, enc_grads[f]) if w_dec is None else (parts, enc_grads[f], dec_grads[f])
 
 
 @lru_cache(maxsize=16)

@@ -154,19 +154,18 @@ def filter_backward_data(dy: np.ndarray, w: np.ndarray, stride: tuple[int, int],
     R = rh * rw * C
     sh, sw = stride
     dx = ws.output((H, W, C, N), dy.dtype)
-    native_ok = w.dtype == dy.dtype and native.kernel("lc_bwd_data", dy.dtype) is not None
-    if native_ok and by_dx_rows((H, W, C, N), (rh, rw), stride, (SH, SW), M, dy.itemsize):
-        kern = native.kernel("lc_bwd_data_rows", dy.dtype)
+    kern = native.kernel("lc_bwd_data", dy.dtype) if w.dtype == dy.dtype else None
+    if kern is not None:
         wc, sd, sx = np.ascontiguousarray(w), native.strides(dy, 1), native.strides(dx, 1)
-        run_split(H, lambda h0, h1: kern(dy, *sd, wc, rh, rw, C, N, sh, sw, SH, SW, *block, K, dx, *sx, W, h0, h1))
-        return dx
+        if by_dx_rows((H, W, C, N), (rh, rw), stride, (SH, SW), M, dy.itemsize):
+            by_rows = native.kernel("lc_bwd_data_rows", dy.dtype)
+            run_split(H, lambda h0, h1: by_rows(dy, *sd, wc, rh, rw, C, N, sh, sw, SH, SW, *block, K, dx, *sx, W,
+                                                h0, h1))
+            return dx
     dx.fill(0)
     # A site row writes the x rows of the next ceil(rh/sh) - 1 site rows too.
     even, odd = colored_blocks(SH, -(-rh // sh) - 1)
-    if native_ok:
-        kern = native.kernel("lc_bwd_data", dy.dtype)
-        wc, sd, sx = np.ascontiguousarray(w), native.strides(dy, 1), native.strides(dx, 1)
-
+    if kern is not None:
         def rows(i0: int, i1: int) -> None:
             kern(dy, *sd, wc, rh, rw, C, N, sh, sw, SW, *block, K, dx, *sx, i0, i1)
         run_ranges(even, rows)
