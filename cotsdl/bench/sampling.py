@@ -2,6 +2,7 @@
 spoils a round of every contestant alike instead of all the samples of one."""
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable
 
@@ -51,6 +52,24 @@ def robust(values) -> dict[str, float]:
     q25, med, q75 = (float(v) for v in np.percentile(a, [25, 50, 75]))
     return {"value": med, "q25": q25, "q75": q75, "spread": (q75 - q25) / med if med > 0 else 0.0,
             "rounds": int(a.size)}
+
+
+def median_interval(values, level: float = 0.95) -> tuple[float, float, float]:
+    """A distribution-free interval for the median of ``values``: (x_(j), x_(n+1-j), coverage), the
+    order statistics of the largest j whose coverage 1 - 2 P(Binomial(n, 1/2) < j) is at least
+    ``level``; with too few values for that, (min, max) and its smaller coverage."""
+    a = sorted(float(v) for v in values)
+    n = len(a)
+    if n == 0 or not all(math.isfinite(v) for v in a):
+        raise ValueError(f"median_interval(): need finite samples, got {values!r}")
+
+    def coverage(j: int) -> float:
+        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(j)) / 2.0 ** n
+
+    j = 1
+    while j + 1 <= (n + 1) // 2 and coverage(j + 1) >= level:
+        j += 1
+    return a[j - 1], a[n - j], coverage(j)
 
 
 def interleaved_best(fns: dict[str, Callable[[], Any]], repeats: int, min_time: float = 0.0,

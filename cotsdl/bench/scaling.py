@@ -24,6 +24,7 @@ from ..array.partition import choose_grid
 from ..nn.network import Network
 from ..train import GreedyTrainer, InMemorySource
 from .common import wait_idle
+from .sampling import median_interval
 
 
 def rank_counts(world: int) -> list[int]:
@@ -36,19 +37,34 @@ def rank_counts(world: int) -> list[int]:
 
 
 def _steps(sub: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], batch: int, replicas: int,
-           dims: tuple[int, int], overlap: bool, stage: int, steps: int, warmup: int, kw: dict[str, Any]) -> dict:
-    """Time ``steps`` training steps of ``stage`` on ``sub``; per-step maxima over its ranks."""
+           dims: tuple[int, int], overlaps: tuple[bool, ...], stage: int, steps: int, warmup: int, rounds: int,
+           kw: dict[str, Any]) -> dict[bool, dict]:
+    """Time ``steps`` training steps of ``stage`` on ``sub`` per overlap setting, the settings in
+    interleaved rounds (ABBA...: a burst of load spoils a round of each alike); per-step maxima over
+    its ranks, and each round's median step (``round_s``) for paired comparisons."""
     rng = np.random.default_rng(0)
     images = rng.standard_normal((2 * batch * replicas,) + network.input_shape).astype(np.float32)
-    tr = GreedyTrainer(network, InMemorySource(images), make_optimizer(), comm=sub, batch=batch, replicas=replicas,
-                       grid=dims, overlap=overlap, log_every=0, log=io.StringIO(), **kw)
+    trainers = {ov: GreedyTrainer(network, InMemorySource(images), make_optimizer(), comm=sub, batch=batch,
+                                  replicas=replicas, grid=dims, overlap=ov, log_every=0, log=io.StringIO(), **kw)
+                for ov in overlaps}
     if warmup:
-        tr.train_stage(stage, warmup)
-    recs = tr.train_stage(stage, steps)
-    sec = allreduce(sub, np.array([r["seconds"] for r in recs]), MPI.MAX)
-    ex = np.array([r["exchange_seconds"] for r in recs])  # already the slowest rank's
-    return {"step_s": float(np.median(sec)), "exchange_s": float(np.median(ex)),
-            "steps": len(recs), "loss": float(recs[-1]["loss"])}
+        for tr in trainers.values():
+            tr.train_stage(stage, warmup)
+    rounds = max(1, min(rounds, steps))
+    sec: dict[bool, list[float]] = {ov: [] for ov in overlaps}
+    ex: dict[bool, list[float]] = {ov: [] for ov in overlaps}
+    per_round: dict[bool, list[float]] = {ov: [] for ov in overlaps}
+    for k in range(rounds):
+        n = steps // rounds + (k < steps % rounds)
+        for ov in (overlaps if k % 2 == 0 else overlaps[::-1]):
+            recs = trainers[ov].train_stage(stage, n)
+            t = allreduce(sub, np.array([r["seconds"] for r in recs]), MPI.MAX)
+            sec[ov] += t.tolist()
+            ex[ov] += [r["exchange_seconds"] for r in recs]  # already the slowest rank's
+            per_round[ov].append(float(np.median(t)))
+    return {ov: {"step_s": float(np.median(sec[ov])), "exchange_s": float(np.median(ex[ov])),
+                 "steps": len(sec[ov]), "round_s": per_round[ov],
+                 "loss": float(trainers[ov].history[-1]["loss"])} for ov in overlaps}
 
 
 def settings(p: int, batch: int, replicas: int | None, grid: tuple[int, int] | None,
@@ -76,26 +92,39 @@ def _choices(comm: MPI.Comm, decide: Callable[..., Any] | None, keys: list) -> d
 
 
 def _auto(choice: dict[str, Any] | None, m: dict[str, Any], mine: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """"auto"'s choice for the setting of row ``m``, and with on and off both measured, its step time
-    relative to the faster of them (0: it chose the faster)."""
+    """"auto"'s choice for the setting of row ``m`` and, with on and off both measured, its step time
+    relative to the other's, paired by round: ``vs_other`` the median over rounds of (chosen round's
+    median step / the other's) - 1, ``interval`` a distribution-free interval of that median with its
+    ``coverage``, ``vs_best`` = max(vs_other, 0) (0: it chose the faster)."""
     if choice is None:
         return None
-    same = {o["overlap"]: o["step_s"] for o in mine
+    same = {o["overlap"]: o["round_s"] for o in mine
             if (o["ranks"], o["replicas"], o["grid"]) == (m["ranks"], m["replicas"], m["grid"])}
-    vs = same[choice["overlap"]] / min(same.values()) - 1 if len(same) == 2 else None
-    return {**choice, "vs_best": vs}
+    if len(same) != 2:
+        return {**choice, "vs_best": None, "vs_other": None, "interval": None, "coverage": None}
+    ratios = [a / b for a, b in zip(same[choice["overlap"]], same[not choice["overlap"]])]
+    lo, hi, coverage = median_interval(ratios)
+    vs = float(np.median(ratios)) - 1
+    return {**choice, "vs_best": max(vs, 0.0), "vs_other": vs, "interval": [lo - 1, hi - 1], "coverage": coverage}
+
+
+def _coverage(rounds: int, steps: int) -> float:
+    """The coverage of :func:`median_interval` over the rounds that ``rounds`` and ``steps`` make."""
+    return median_interval([0.0] * max(1, min(rounds, steps)))[2]
 
 
 def _auto_text(auto: dict[str, Any]) -> str:
-    """``off (best)``, ``on (+3.1% vs best)``, or ``on`` when only one of on and off was measured."""
+    """``off (-4.1% vs on [-9.0%, +1.2%])``, or ``on`` when only one of on and off was measured."""
     what = "on" if auto["overlap"] else "off"
-    if auto["vs_best"] is None:
+    if auto["vs_other"] is None:
         return what
-    return f"{what} (best)" if auto["vs_best"] == 0 else f"{what} (+{100 * auto['vs_best']:.1f}% vs best)"
+    lo, hi = auto["interval"]
+    return (f"{what} ({100 * auto['vs_other']:+.1f}% vs {'off' if auto['overlap'] else 'on'} "
+            f"[{100 * lo:+.1f}%, {100 * hi:+.1f}%])")
 
 
 def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, batch: int, stage: int = 0,
-        steps: int = 12, warmup: int = 2, replicas: int | None = None, grid: tuple[int, int] | None = None,
+        steps: int = 12, warmup: int = 2, rounds: int = 6, replicas: int | None = None, grid: tuple[int, int] | None = None,
         overlaps: tuple[bool | str, ...] = (True, False), predict: Callable[..., float] | None = None,
         decide: Callable[..., Any] | None = None, log=sys.stdout, **kw) -> dict[str, Any]:
     """Measure every setting on 1..P ranks of ``comm``; ``batch`` is the global batch.
@@ -103,7 +132,8 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
     ``predict(p, replicas, dims, overlap)`` (optional) returns a predicted step time in seconds;
     ``decide(p, replicas, dims)`` (optional) what ``parallel.overlap = "auto"`` chooses there (an
     :class:`~cotsdl.planner.OverlapChoice`), asked on rank 0 only.  ``overlaps`` (True, False) or
-    ("auto",): each setting with what ``decide`` chooses.
+    ("auto",): each setting with what ``decide`` chooses.  The ``steps`` of a setting run in ``rounds``
+    rounds, its overlap settings interleaved (both are held at once: twice a trainer's memory).
     """
     rank, world = comm.Get_rank(), comm.Get_size()
     say = (lambda *a: print(*a, file=log, flush=True)) if rank == 0 else (lambda *a: None)
@@ -111,11 +141,12 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
     results: list[dict[str, Any]] = []
     choices = _choices(comm, decide, [(p, r, dims) for p in rank_counts(world)
                                       for r, dims in settings(p, batch, replicas, grid, network.input_shape[:2])])
-    say(f"cotsdl bench scaling: stage {stage}, global batch {batch}, {steps} steps (+{warmup} warm-up) per setting, "
+    say(f"cotsdl bench scaling: stage {stage}, global batch {batch}, {steps} steps (+{warmup} warm-up) per setting in "
+        f"{max(1, min(rounds, steps))} interleaved round(s), "
         f"{world} rank(s) on {cores} core(s) here")
     say(f"{'ranks':>5} {'repl':>4} {'grid':>5} {'overlap':>7} {'step ms':>9} {'images/s':>9} {'effic.':>6} "
         f"{'compute ms':>10} {'exch ms':>8} {'hidden':>6} {'pred ms':>8} {'pred/meas':>9}"
-        + (f"  {'auto':<20}" if choices else ""))
+        + ("  auto (chosen vs other, paired by round)" if choices else ""))
     base: dict[bool, float] = {}
     for p in rank_counts(world):
         sub = comm.Split(0 if rank < p else MPI.UNDEFINED, rank)
@@ -123,8 +154,9 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
         if sub != MPI.COMM_NULL:
             ops.set_num_threads(max(1, cores // min(p, cores)))  # the node's cores shared by the active ranks
             for r, dims in settings(p, batch, replicas, grid, network.input_shape[:2]):
-                for ov in ((choices[(p, r, dims)]["overlap"],) if overlaps == ("auto",) else overlaps):
-                    m = _steps(sub, network, make_optimizer, batch // r, r, dims, ov, stage, steps, warmup, kw)
+                ovs = (choices[(p, r, dims)]["overlap"],) if overlaps == ("auto",) else tuple(overlaps)
+                for ov, m in _steps(sub, network, make_optimizer, batch // r, r, dims, ovs, stage, steps, warmup,
+                                    rounds, kw).items():
                     m.update(ranks=p, replicas=r, grid=list(dims), overlap=ov, images_per_s=batch / m["step_s"],
                              compute_s=max(m["step_s"] - m["exchange_s"], 0.0))
                     mine.append(m)
@@ -148,16 +180,18 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
                 f"{m['efficiency'] if m['efficiency'] is not None else float('nan'):>6.2f} {1e3 * m['compute_s']:>10.1f} "
                 f"{1e3 * m['exchange_s']:>8.1f} {m['hidden'] if m['hidden'] is not None else float('nan'):>6.2f} "
                 f"{1e3 * m['predicted_s'] if m['predicted_s'] else float('nan'):>8.1f} "
-                f"{m['ratio'] if m['ratio'] else float('nan'):>9.2f}" + (f"  {_auto_text(m['auto']):<20}"
+                f"{m['ratio'] if m['ratio'] else float('nan'):>9.2f}" + (f"  {_auto_text(m['auto'])}"
                                                                           if m["auto"] else ""))
         results += mine
     say("efficiency: T(1 rank) / (ranks x T); hidden: (step without overlap - step with) / exchange time without; "
         "exchange: time inside exchange calls (slowest rank)")
     if choices:
-        say('auto: what parallel.overlap = "auto" chooses for the setting and, with both measured, its step time vs '
-            "the faster of on and off; why:")
+        say('auto: what parallel.overlap = "auto" chooses for the setting and, with both measured, the median over '
+            "rounds of its round's median step / the other's, minus 1, with a distribution-free interval of that "
+            f"median ({100 * _coverage(rounds, steps):.0f}% coverage); why:")
         for (p, r, dims), c in choices.items():
             say(f"  {p} rank(s), {r} replica(s) x grid {dims[0]}x{dims[1]}: {'on' if c['overlap'] else 'off'}: "
                 f"{c['reason']}")
     return {"benchmark": "scaling", "stage": stage, "global_batch": batch, "steps": steps, "warmup": warmup,
+            "rounds": max(1, min(rounds, steps)),
             "cores": cores, "world": world, "results": results}

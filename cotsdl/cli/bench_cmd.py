@@ -46,6 +46,9 @@ def add_parser(sub) -> None:
     sc.add_argument("config", help="a training config (TOML); its network and batch are used")
     sc.add_argument("--steps", type=int, default=12, help="timed steps per setting (default 12)")
     sc.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    sc.add_argument("--rounds", type=int, default=6,
+                    help="the timed steps of a setting in this many rounds, its overlap settings interleaved "
+                         "(default 6)")
     sc.add_argument("--stage", type=int, default=0, help="the stage whose training step is timed (default 0)")
     sc.add_argument("--grid", type=int, nargs=2, metavar=("PY", "PX"), help="model grid (default: chosen)")
     sc.add_argument("--replicas", type=int, default=1, help="data-parallel replicas (default 1)")
@@ -135,13 +138,14 @@ def _scaling(args) -> int:
     from .train import setup_backend  # noqa: PLC0415
 
     comm = MPI.COMM_WORLD  # the program's world: the library itself always takes a communicator
-    agree(comm, config=args.config, steps=args.steps, warmup=args.warmup, stage=args.stage, grid=args.grid,
+    agree(comm, config=args.config, steps=args.steps, warmup=args.warmup, rounds=args.rounds, stage=args.stage, grid=args.grid,
           replicas=args.replicas, overlap=args.overlap, machine=args.machine, json=args.json)
     spec = run_spec.read_agreed(comm, args.config)
     network, tc = spec.network, spec.train
     err = common.check_output_path(args.json) if comm.Get_rank() == 0 else None
-    if err is None and not (args.steps >= 1 and args.warmup >= 0 and args.replicas >= 1):
-        err = f"need --steps >= 1, --warmup >= 0, --replicas >= 1; got {args.steps}, {args.warmup}, {args.replicas}"
+    if err is None and not (args.steps >= 1 and args.warmup >= 0 and args.replicas >= 1 and args.rounds >= 1):
+        err = (f"need --steps >= 1, --warmup >= 0, --replicas >= 1, --rounds >= 1; got {args.steps}, {args.warmup}, "
+               f"{args.replicas}, {args.rounds}")
     elif err is None and not 0 <= args.stage < len(network.stages):
         err = f"--stage must be in [0, {len(network.stages)}) for {args.config}, got {args.stage}"
     raise_collectively(comm, err)
@@ -156,7 +160,7 @@ def _scaling(args) -> int:
     decide = _decider(spec, args.machine, args.stage)
     warning = _load_warning(comm, args.machine)
     res = scaling.run(comm, network, tc.make_optimizer, batch=spec.global_batch,
-                      stage=args.stage, steps=args.steps, warmup=args.warmup, replicas=args.replicas,
+                      stage=args.stage, steps=args.steps, warmup=args.warmup, rounds=args.rounds, replicas=args.replicas,
                       grid=tuple(args.grid) if args.grid else None,
                       overlaps={"on": (True,), "off": (False,), "both": (True, False),
                                 "auto": ("auto",)}[args.overlap],

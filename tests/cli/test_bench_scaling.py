@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from testkit import tiny_config
@@ -26,20 +27,26 @@ def cfg(tmp_path):
 
 def test_scaling_measures_every_rank_count_and_both_overlaps(cfg, tmp_path):
     out = tmp_path / "s.json"
-    res = bench(str(cfg), "--steps", "2", "--warmup", "1", "--stage", "1", "--replicas", "2", "--json", str(out))
+    res = bench(str(cfg), "--steps", "3", "--warmup", "1", "--rounds", "2", "--stage", "1", "--replicas", "2",
+                "--json", str(out))
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads(out.read_text())
     got = {(m["ranks"], m["replicas"], m["overlap"]) for m in data["results"]}
     assert got == {(1, 1, True), (1, 1, False), (2, 1, True), (2, 1, False), (2, 2, True), (2, 2, False)}
+    assert data["rounds"] == 2
     for m in data["results"]:
         assert m["step_s"] > 0 and m["images_per_s"] > 0 and 0 <= m["exchange_s"] <= m["step_s"] * 1.5
         assert m["efficiency"] > 0 and m["compute_s"] >= 0
-        # what "auto" chooses for the setting, and its measured step vs the faster of on and off
+        assert m["steps"] == 3 and len(m["round_s"]) == 2 and all(t > 0 for t in m["round_s"])
+        # what "auto" chooses for the setting, and its step vs the other's, paired by round
         auto = m["auto"]
         assert isinstance(auto["overlap"], bool) and auto["reason"] and auto["vs_best"] >= 0
-        same = {o["overlap"]: o["step_s"] for o in data["results"] if o["grid"] == m["grid"]
+        same = {o["overlap"]: o["round_s"] for o in data["results"] if o["grid"] == m["grid"]
                 and (o["ranks"], o["replicas"]) == (m["ranks"], m["replicas"])}
-        assert auto["vs_best"] == pytest.approx(same[auto["overlap"]] / min(same.values()) - 1)
+        ratios = [a / b for a, b in zip(same[auto["overlap"]], same[not auto["overlap"]])]
+        assert auto["vs_other"] == pytest.approx(np.median(ratios) - 1)
+        assert auto["vs_best"] == pytest.approx(max(auto["vs_other"], 0))
+        assert auto["interval"] == pytest.approx([min(ratios) - 1, max(ratios) - 1]) and auto["coverage"] == 0.5
         if m["ranks"] // m["replicas"] == 1:
             assert auto["overlap"] is False and "no halo to hide" in auto["reason"]
     assert "images/s" in res.stdout and res.stdout.count("\n") >= 6
@@ -48,6 +55,7 @@ def test_scaling_measures_every_rank_count_and_both_overlaps(cfg, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--steps", "0"], "need --steps >= 1"),
+    (["--rounds", "0"], "--rounds >= 1"),
     (["--stage", "5"], "--stage must be in [0, 2)"),
     (["--json", "/nonexistent/dir/s.json"], "/nonexistent/dir"),
 ])
@@ -73,6 +81,7 @@ def test_the_planner_prediction_is_printed_beside_the_measurement(cfg, tmp_path)
     assert auto.returncode == 0, auto.stderr[-3000:]
     (m,) = json.loads(out.read_text())["results"]  # only what auto chooses is measured
     assert m["overlap"] is False and m["auto"] == {"overlap": False, "reason": "1 rank, no halo to hide",
-                                                   "vs_best": None}
+                                                   "vs_best": None, "vs_other": None, "interval": None,
+                                                   "coverage": None}
     bad = bench(str(cfg), "--machine", "k80", ranks=2)
     assert bad.returncode == 2 and "k80" in bad.stderr and bad.stderr.count("cotsdl: error") == 1
