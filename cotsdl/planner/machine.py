@@ -212,19 +212,26 @@ def default_ranks_per_node(machine: dict[str, Any], ranks: int) -> int:
 
 
 def rank_share(machine: dict[str, Any], ranks_per_node: int) -> dict[str, float]:
-    """The FLOP rate, memory bandwidth and memory (bytes) of one rank."""
+    """The FLOP rate, memory bandwidth and memory (bytes) of one rank, its threads, and ``slice``: the
+    factor by which time-sharing a core stretches its fixed costs (1 unless CPU ranks outnumber cores)."""
     dev = machine["device"]
     rpn = max(1, int(ranks_per_node))
     if machine["kind"] == "gpu":
         # ranks beyond the node's devices share one (time-sliced); fewer ranks use one device each
         f = min(1.0, dev["devices_per_node"] / rpn)
     else:
-        f = min(dev["cores"], dev["cores"] / rpn) / dev["cores"]  # a rank's core share
+        # a rank's core share; ranks beyond the cores share them, and as halo exchanges keep the ranks
+        # in step (a rank waiting in MPI polls its core), the most crowded core sets the pace:
+        # ceil(rpn / cores) ranks on one core, each with that fraction of it
+        f = 1.0 / rpn if rpn <= dev["cores"] else 1.0 / (dev["cores"] * math.ceil(rpn / dev["cores"]))
     # device memory: a GPU's own (shared when ranks share it), a CPU node's split over its ranks
     mem = dev["memory_bytes"] * (f if machine["kind"] == "gpu" else 1.0 / rpn)
     threads = max(1, dev["cores"] // rpn) if machine["kind"] == "cpu" else 1  # as cotsdl train sets them
+    # ... and its fixed costs per call (Python, launches) take that many times their calibrated wall
+    # time too, as its FLOPs do through f
+    slice_ = float(math.ceil(rpn / dev["cores"])) if machine["kind"] == "cpu" and rpn > dev["cores"] else 1.0
     return {"flops": dev["peak_flops"] * f, "bandwidth": dev["memory_bandwidth"] * f, "memory": mem,
-            "threads": threads}
+            "threads": threads, "slice": slice_}
 
 
 def efficiency(machine: dict[str, Any], share: dict[str, float], op: str) -> float:
@@ -237,11 +244,12 @@ def efficiency(machine: dict[str, Any], share: dict[str, float], op: str) -> flo
 
 def op_seconds(machine: dict[str, Any], share: dict[str, float], op: str, flops: float, nbytes: float,
                calls: int = 1) -> float:
-    """``max(flops / rate, bytes / bandwidth) / efficiency[op] + calls * overhead_s`` (0 for no work)."""
+    """``max(flops / rate, bytes / bandwidth) / efficiency[op] + calls * overhead_s * slice`` (0 for no
+    work)."""
     if flops <= 0 and nbytes <= 0:
         return 0.0
     roof = max(flops / share["flops"], nbytes / share["bandwidth"])
-    return roof / efficiency(machine, share, op) + calls * call_seconds(machine, op)
+    return roof / efficiency(machine, share, op) + calls * call_seconds(machine, op) * share.get("slice", 1.0)
 
 
 def call_seconds(machine: dict[str, Any], op: str) -> float:

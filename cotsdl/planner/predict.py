@@ -56,7 +56,7 @@ def _op_seconds(op: Op, machine: dict[str, Any], share: dict[str, float]) -> np.
     if op.kind == "exchange":
         wire = message_seconds(machine, np.maximum(op.msgs_sent, op.msgs_received), np.maximum(op.sent, op.received))
         pack = (op.sent + op.received + op.local) / share["bandwidth"]
-        return wire + pack + machine["overhead_s"]
+        return wire + pack + machine["overhead_s"] * share["slice"]
     n = op.group
     if n <= 1:
         return 0.0
@@ -67,7 +67,7 @@ def _op_seconds(op: Op, machine: dict[str, Any], share: dict[str, float]) -> np.
 
 
 def _overlapped(ops: list[Op], per_rank: list[np.ndarray], times: list[float], counts: list,
-                machine: dict[str, Any]) -> list[float]:
+                machine: dict[str, Any], share: dict[str, float]) -> list[float]:
     """The op times with overlap.  Each computation that runs while messages travel (``Op.hides``)
     and those exchanges form a phase; on each rank the phase loses the wire time hidden (the two
     count as the larger) and gains a call per border strip of a split forward.  The phase then
@@ -88,7 +88,7 @@ def _overlapped(ops: list[Op], per_rank: list[np.ndarray], times: list[float], c
             strips = counts[ex.layer].strips if ex.what == "forward" else 0.0
             where = strips > 0 if ex.what == "forward" else True
             exch = np.where(where, exch - wire, exch)
-            work = np.where(where, np.maximum(work, wire) + strips * call_seconds(machine, comp.what), work)
+            work = np.where(where, np.maximum(work, wire) + strips * call_seconds(machine, comp.what) * share["slice"], work)
         gain = float(np.max(before) - np.max(exch + work))
         exchanges = sum(out[i] for i in comp.hides)
         if gain > 0 and exchanges > 0:  # gain <= the wire time <= the exchanges' time
@@ -142,7 +142,7 @@ def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] |
     per_rank = [np.broadcast_to(_op_seconds(op, machine, share), (len(counts[0].sent),)) for op in ops]
     times = [float(np.max(t)) for t in per_rank]
     if overlap:
-        times = _overlapped(ops, per_rank, times, counts, machine)
+        times = _overlapped(ops, per_rank, times, counts, machine, share)
     tot = {k: float(sum(t for t, op in zip(times, ops) if op.kind == k)) for k in ("compute", "exchange", "reduce")}
     mem = memory(network, counts, stage, itemsize, optimizer_slots, tied)
     worst = int(np.argmax(mem["total"]))

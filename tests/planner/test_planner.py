@@ -126,6 +126,24 @@ def test_op_time_is_the_roofline_over_the_efficiency():
     assert rank_share(validate_machine(cpu), 4)["flops"] == pytest.approx(3.09e12 / 4)
 
 
+def test_ranks_that_outnumber_the_cores_time_share_them():
+    """3 or 4 CPU ranks on 2 cores: the most crowded core sets the pace, 2 ranks on it, each with half
+    of it for its FLOPs and its fixed costs per call alike (bench scaling here measured 1.3x (4 ranks)
+    and 1.4x (3 ranks) the prediction that ignored the latter and averaged the cores)."""
+    cpu = validate_machine({**PRESETS["gtx680-fdr"], "kind": "cpu",
+                            "device": {**PRESETS["gtx680-fdr"]["device"], "cores": 2}})
+    calls = lambda rpn: op_seconds(cpu, rank_share(cpu, rpn), "pool_forward", 0.0, 1.0)  # noqa: E731
+    for rpn, slice_, cores in ((1, 1.0, 2), (2, 1.0, 1), (3, 2.0, 0.5), (4, 2.0, 0.5), (5, 3.0, 1 / 3)):
+        assert rank_share(cpu, rpn)["slice"] == slice_
+        assert rank_share(cpu, rpn)["flops"] == pytest.approx(3.09e12 / 2 * cores)
+    assert calls(4) == pytest.approx(2 * calls(2), rel=1e-6)
+    gpu = load_machine("gtx680-fdr")  # a GPU rank's host core is its own: no stretch
+    assert rank_share(gpu, 8)["slice"] == 1.0
+    four = predict_step(demo(), 32, 4, (2, 2), 1, cpu, ranks_per_node=4)
+    spread = predict_step(demo(), 32, 4, (2, 2), 1, cpu, ranks_per_node=2)  # two nodes of two
+    assert four["seconds"] > spread["seconds"]
+
+
 def test_calibrated_refinements_per_thread_count_and_per_op_call():
     """A rank running t threads (cores / ranks per node) takes the efficiencies calibrated for t
     threads (the nearest count below), and each op its own call cost."""
@@ -134,11 +152,11 @@ def test_calibrated_refinements_per_thread_count_and_per_op_call():
     four = {k: 0.4 for k in base["efficiency"]}
     m = validate_machine({**base, "efficiency_by_threads": {"1": one, "4": four},
                           "overhead_by_op_s": {"filter_forward": 1e-4}})
-    for ranks_per_node, threads, eff in ((1, 4, 0.4), (2, 2, 0.1), (4, 1, 0.1), (8, 1, 0.1)):
+    for ranks_per_node, threads, eff, slice_ in ((1, 4, 0.4, 1), (2, 2, 0.1, 1), (4, 1, 0.1, 1), (8, 1, 0.1, 2)):
         s = rank_share(m, ranks_per_node)
-        assert s["threads"] == threads
+        assert s["threads"] == threads and s["slice"] == slice_
         t = op_seconds(m, s, "filter_forward", 1e9, 0.0)
-        assert t == pytest.approx(1e9 / s["flops"] / eff + 1e-4)
+        assert t == pytest.approx(1e9 / s["flops"] / eff + 1e-4 * slice_)
     assert op_seconds(m, rank_share(m, 1), "pool_forward", 1e9, 0.0) == pytest.approx(
         1e9 / rank_share(m, 1)["flops"] / 0.4 + m["overhead_s"])
     with pytest.raises(MachineError, match="efficiency_by_threads.2.pool_forward = 2"):
