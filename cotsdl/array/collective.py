@@ -12,6 +12,7 @@ own verdict, the verdicts are reduced, and all ranks raise the same exception.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -43,6 +44,15 @@ def allreduce(comm: MPI.Comm, buf: Any, op: MPI.Op = MPI.SUM) -> Any:
     comm.Allreduce(MPI.IN_PLACE, host, op=op)
     backend.copy_from_host(host, buf)
     return buf
+
+
+def wait_idle(comm: MPI.Comm) -> None:
+    """A barrier for ranks with nothing to do: polled with sleeps, so they take no core from the
+    ranks being timed or from what rank 0 measures (a blocking barrier busy-polls under MPICH).
+    The ranks that work end with ``comm.Ibarrier().Wait()`` (or this)."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(0.005)
 
 
 def sum_values(comm: MPI.Comm | None, values: Iterable[float]) -> np.ndarray:

@@ -70,12 +70,12 @@ from mpi4py import MPI
 
 from .. import __version__, ops
 from ..array import Box, DistArray, ExchangePlan, ProcessGrid, grow
-from ..array.collective import raise_collectively
+from ..array.collective import raise_collectively, wait_idle
 from ..nn.network import Network
 from ..ops import costs
 from ..planner import load
 from .exchange import pingpong
-from .common import as_step, wait_idle
+from .common import as_step
 from .sampling import interleaved_rounds, robust, rounds_for  # noqa: F401 - tests reach them here too
 
 # The network of jobs/configs/demo.toml (copied: an installed package has no jobs/ folder).

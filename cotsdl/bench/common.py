@@ -38,14 +38,6 @@ def as_step(lent: Any, fn: Callable[[], Any]) -> Callable[[], Any]:
     return step
 
 
-def wait_idle(comm) -> None:
-    """A barrier for ranks with nothing to do: polled with sleeps, so they take no core from the
-    ranks being timed (a blocking barrier busy-polls under MPICH)."""
-    req = comm.Ibarrier()
-    while not req.Test():
-        time.sleep(0.005)
-
-
 def summary(samples: list[float]) -> dict[str, float]:
     a = np.asarray(samples)
     return {"median_s": float(np.median(a)), "min_s": float(a.min()), "max_s": float(a.max()), "samples": len(a)}

@@ -19,11 +19,10 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import ops
-from ..array.collective import allreduce, raise_collectively
+from ..array.collective import allreduce, raise_collectively, wait_idle
 from ..array.partition import choose_grid
 from ..nn.network import Network
 from ..train import GreedyTrainer, InMemorySource
-from .common import wait_idle
 from .sampling import median_interval
 
 

@@ -208,6 +208,7 @@ def _load_warning(comm, machine_arg: str | None) -> str | None:
     """The machine's load warning (``--machine``, else the one "auto" decides with), printed by rank 0
     before the steps are timed (collective; rank 0 measures the load for 0.5 s, the run's ranks not counted)."""
     from .. import planner  # noqa: PLC0415
+    from ..array.collective import wait_idle  # noqa: PLC0415
     from ..planner import load  # noqa: PLC0415
     from ..planner.machine import load_warning  # noqa: PLC0415
     from ..planner.overlap import model_machine  # noqa: PLC0415
@@ -216,9 +217,12 @@ def _load_warning(comm, machine_arg: str | None) -> str | None:
     warning = None
     if comm.Get_rank() == 0:
         machine = planner.load_machine(machine_arg) if machine_arg else model_machine()[0]
-        warning = load_warning(machine, pids=pids, cpus=cpus) if machine else None
+        warning = load_warning(machine, pids=pids, cpus=cpus, ranks_per_node=len(pids)) if machine else None
         if warning:
             print(warning, flush=True)
+        comm.Ibarrier().Wait()
+    else:  # sleeping: ranks polling in a blocking call would take the cores from what rank 0 measures
+        wait_idle(comm)
     return comm.bcast(warning, root=0)
 
 

@@ -165,7 +165,7 @@ def _single(args, machine) -> dict[str, Any]:
           f"{dtype}; {'tied' if tied else 'untied'} weights; optimizer {spec.train.optimizer['kind']} "
           f"({slots} slot(s)); {p0['ranks_per_node']} rank(s) per node")
     print(f"  machine {machine['name']} ({machine['kind']}): {machine['source']}")
-    warning = load_warning(machine)
+    warning = load_warning(machine, ranks_per_node=p0["ranks_per_node"])
     if warning:
         print(f"  {warning}")
     print(f"  overlap {_overlap_text(ov)}")

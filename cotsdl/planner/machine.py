@@ -279,9 +279,13 @@ def load_now(pids=None, cpus=None) -> float | None:
     return value
 
 
-def load_warning(machine: dict[str, Any], now: float | None = None, pids=None, cpus=None) -> str | None:
+def load_warning(machine: dict[str, Any], now: float | None = None, pids=None, cpus=None,
+                 ranks_per_node: int | None = None) -> str | None:
     """One line when ``machine`` was calibrated on this host under a load (other busy cores) that differs
-    from the load ``now`` by :data:`LOAD_MARGIN` or more, else None.
+    from the load ``now`` by :data:`LOAD_MARGIN` or more, or (given ``ranks_per_node``, a CPU machine)
+    when those ranks and the other busy cores together outnumber its cores by that much: the model
+    times ranks sharing cores with each other, not with other processes (4 ranks on 2 cores beside one
+    busy core measured 2x the prediction here); else None.
 
     None without a recorded load (presets, older calibration files), for a calibration of another host
     (its load now is not measurable here) and where the load cannot be read.  ``now`` None: measured
@@ -292,7 +296,15 @@ def load_warning(machine: dict[str, Any], now: float | None = None, pids=None, c
     if then is None or rec.get("host") not in (None, socket.gethostname()):
         return None
     now = load_now(pids, cpus) if now is None else now
-    if now is None or abs(now - then) < LOAD_MARGIN:
+    if now is None:
         return None
-    return (f"warning: machine {machine['name']} was calibrated with {then:.1f} other busy cores, now {now:.1f}: "
-            "predictions may be off; recalibrate under the load you will run with (cotsdl bench calibrate)")
+    if abs(now - then) >= LOAD_MARGIN:
+        return (f"warning: machine {machine['name']} was calibrated with {then:.1f} other busy cores, now {now:.1f}: "
+                "predictions may be off; recalibrate under the load you will run with (cotsdl bench calibrate)")
+    cores = machine["device"]["cores"]
+    if (machine["kind"] == "cpu" and ranks_per_node and now >= LOAD_MARGIN
+            and ranks_per_node + now >= cores + LOAD_MARGIN):
+        return (f"warning: {ranks_per_node} rank(s) share the {cores} cores of machine {machine['name']} with other "
+                f"processes that keep {now:.1f} of them busy: the model times ranks sharing cores with each other, "
+                "not with other processes; predictions may be off")
+    return None

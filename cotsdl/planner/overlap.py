@@ -57,11 +57,12 @@ def model_machine() -> tuple[dict[str, Any] | None, str]:
 
 def with_load_warning(choice: OverlapChoice, machine: dict[str, Any] | None, pids=None, cpus=None) -> OverlapChoice:
     """``choice`` with :func:`~cotsdl.planner.machine.load_warning`'s line after its reason when the model
-    decided it and the load the machine was calibrated under differs from the load now (``pids``, ``cpus``:
-    the job's processes and cores on this host, as there)."""
+    decided it and the load the machine was calibrated under differs from the load now, or the job's ranks
+    on this host share its cores with other processes (``pids``, ``cpus``: the job's processes and cores
+    on this host, as there)."""
     if machine is None or choice.seconds_on is None:
         return choice
-    warning = load_warning(machine, pids=pids, cpus=cpus)
+    warning = load_warning(machine, pids=pids, cpus=cpus, ranks_per_node=len(pids) if pids else None)
     return replace(choice, reason=f"{choice.reason}; {warning}") if warning else choice
 
 

@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from .. import backend
 from ..array.collect import gather
-from ..array.collective import agree, agreed, raise_collectively, sum_values
+from ..array.collective import agree, agreed, raise_collectively, sum_values, wait_idle
 from ..array.distarray import DistArray
 from ..array.grid import split_replicas
 from ..io import checkpoint
@@ -201,6 +201,9 @@ class GreedyTrainer:
             except Exception as e:  # noqa: BLE001 - reported on every rank below
                 err = (f'overlap = "auto": the run planner failed ({type(e).__name__}: {e}); give overlap=True or '
                        'False (parallel.overlap = true or false)')
+            self.world.Ibarrier().Wait()
+        else:  # sleeping: ranks polling in a blocking call would take the cores from the load rank 0 measures
+            wait_idle(self.world)
         raise_collectively(self.world, err, RuntimeError)
         return self.world.bcast(choice, root=0)
 

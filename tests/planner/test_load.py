@@ -73,6 +73,24 @@ def test_warns_when_the_load_differs_and_not_when_it_matches():
     assert load_warning(calibrated(0.9), now=1.0) is None
 
 
+def test_warns_when_ranks_and_other_processes_crowd_the_cores():
+    """Calibrated under the load of now, but the ranks and the other busy cores outnumber a CPU node's
+    cores: the model does not time ranks sharing cores with other processes."""
+    cpu = validate_machine({**calibrated(0.9), "kind": "cpu",
+                            "device": {**PRESETS["gtx680-fdr"]["device"], "cores": 2}})
+    w = load_warning(cpu, now=1.0, ranks_per_node=4)
+    assert w == ("warning: 4 rank(s) share the 2 cores of machine here with other processes that keep 1.0 of them "
+                 "busy: the model times ranks sharing cores with each other, not with other processes; predictions "
+                 "may be off")
+    assert load_warning(cpu, now=1.0, ranks_per_node=2) is not None  # 2 + 1.0 >= 2 + LOAD_MARGIN
+    assert load_warning(cpu, now=1.0, ranks_per_node=1) is None  # 1 + 1.0 < 2 + LOAD_MARGIN: a core each
+    assert load_warning(cpu, now=1.0) is None  # ranks unknown
+    quiet = validate_machine({**cpu, "load": {**cpu["load"], "other_busy_cores": 0.0}})
+    assert load_warning(quiet, now=0.1, ranks_per_node=4) is None  # ranks sharing with each other: modelled
+    assert load_warning(calibrated(0.9), now=1.0, ranks_per_node=64) is None  # a GPU machine's ranks
+    assert "calibrated with 0.0" in load_warning(quiet, now=1.0, ranks_per_node=4)  # the load differs: that first
+
+
 def test_measures_the_load_now_when_not_given(monkeypatch):
     seen = []
     monkeypatch.setattr(load, "measure", lambda window, pids=None, cpus=None: seen.append((window, pids)) or 1.5)
