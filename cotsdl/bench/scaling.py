@@ -3,11 +3,12 @@
 Every setting (ranks p, replicas r, model grid, overlap on/off) runs real training
 steps of one stage (:class:`~cotsdl.train.GreedyTrainer` on synthetic images) on the
 first p ranks; the others wait without spinning.  Reported per setting: the median
-step time (each step the slowest rank's), images/s, efficiency T(1) / (p T(p)), time
-inside exchanges vs the rest, the share of exchange time overlap hides, given a
+step time (each step the slowest rank's), images/s, efficiency T(1) / (p T(p)), where
+p ranks get whole cores of this node also the efficiency per core (T(1) of one rank on a
+rank's share of the cores while every rank runs such a copy, timed in the same rounds), time inside exchanges vs the rest, the share of exchange time overlap hides, given a
 machine description, the planner's predicted step time beside the measured one, and what
 ``parallel.overlap = "auto"`` chooses for the setting (with both measured: its step time
-vs the faster of on and off).
+vs the other's, paired by round).
 """
 from __future__ import annotations
 
@@ -37,22 +38,31 @@ def rank_counts(world: int) -> list[int]:
 
 def _steps(sub: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], batch: int, replicas: int,
            dims: tuple[int, int], overlaps: tuple[bool, ...], stage: int, steps: int, warmup: int, rounds: int,
-           kw: dict[str, Any]) -> dict[bool, dict]:
+           kw: dict[str, Any], alone: bool = False) -> dict[bool, dict]:
     """Time ``steps`` training steps of ``stage`` on ``sub`` per overlap setting, the settings in
     interleaved rounds (ABBA...: a burst of load spoils a round of each alike); per-step maxima over
-    its ranks, and each round's median step (``round_s``) for paired comparisons."""
+    its ranks, and each round's median step (``round_s``) for paired comparisons.
+
+    ``alone``: each round also times the same steps of one rank alone, with the same threads, on every
+    rank of ``sub`` at once (each a whole copy: the cores as busy as in the p-rank step):
+    ``alone_round_s``, the median over the ranks of their rounds' medians."""
     rng = np.random.default_rng(0)
     images = rng.standard_normal((2 * batch * replicas,) + network.input_shape).astype(np.float32)
-    trainers = {ov: GreedyTrainer(network, InMemorySource(images), make_optimizer(), comm=sub, batch=batch,
-                                  replicas=replicas, grid=dims, overlap=ov, log_every=0, log=io.StringIO(), **kw)
-                for ov in overlaps}
-    if warmup:
-        for tr in trainers.values():
+
+    def trainer(comm: MPI.Comm, ov: bool, grid: tuple[int, int]) -> GreedyTrainer:
+        return GreedyTrainer(network, InMemorySource(images), make_optimizer(), comm=comm, batch=batch,
+                             replicas=replicas, grid=grid, overlap=ov, log_every=0, log=io.StringIO(), **kw)
+
+    trainers = {ov: trainer(sub, ov, dims) for ov in overlaps}
+    one = trainer(MPI.COMM_SELF, False, (1, 1)) if alone else None
+    for tr in (*trainers.values(), one):
+        if warmup and tr is not None:
             tr.train_stage(stage, warmup)
     rounds = max(1, min(rounds, steps))
     sec: dict[bool, list[float]] = {ov: [] for ov in overlaps}
     ex: dict[bool, list[float]] = {ov: [] for ov in overlaps}
     per_round: dict[bool, list[float]] = {ov: [] for ov in overlaps}
+    single: list[float] = []
     for k in range(rounds):
         n = steps // rounds + (k < steps % rounds)
         for ov in (overlaps if k % 2 == 0 else overlaps[::-1]):
@@ -61,9 +71,24 @@ def _steps(sub: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], b
             sec[ov] += t.tolist()
             ex[ov] += [r["exchange_seconds"] for r in recs]  # already the slowest rank's
             per_round[ov].append(float(np.median(t)))
+        if one is not None:
+            mine = np.median([r["seconds"] for r in one.train_stage(stage, n)])
+            single.append(float(np.median(sub.allgather(float(mine)))))
     return {ov: {"step_s": float(np.median(sec[ov])), "exchange_s": float(np.median(ex[ov])),
-                 "steps": len(sec[ov]), "round_s": per_round[ov],
+                 "steps": len(sec[ov]), "round_s": per_round[ov], "alone_round_s": single or None,
                  "loss": float(trainers[ov].history[-1]["loss"])} for ov in overlaps}
+
+
+def _core_efficiency(m: dict[str, Any]) -> dict[str, Any] | None:
+    """T(1 rank, the same threads, every core running one) / (p T(p)), paired by round: what model
+    parallelism keeps of the node's throughput against independent copies (exchanges, halos, uneven
+    parts, per-rank costs); the median over rounds, a distribution-free interval of it and its
+    coverage (None where not measured)."""
+    if not m.get("alone_round_s"):
+        return None
+    ratios = [a / (m["ranks"] * t) for a, t in zip(m["alone_round_s"], m["round_s"])]
+    lo, hi, coverage = median_interval(ratios)
+    return {"value": float(np.median(ratios)), "interval": [lo, hi], "coverage": coverage}
 
 
 def settings(p: int, batch: int, replicas: int | None, grid: tuple[int, int] | None,
@@ -144,6 +169,7 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
         f"{max(1, min(rounds, steps))} interleaved round(s), "
         f"{world} rank(s) on {cores} core(s) here")
     say(f"{'ranks':>5} {'repl':>4} {'grid':>5} {'overlap':>7} {'step ms':>9} {'images/s':>9} {'effic.':>6} "
+        f"{'eff/core':>8} "
         f"{'compute ms':>10} {'exch ms':>8} {'hidden':>6} {'pred ms':>8} {'pred/meas':>9}"
         + ("  auto (chosen vs other, paired by round)" if choices else ""))
     base: dict[bool, float] = {}
@@ -154,8 +180,9 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
             ops.set_num_threads(max(1, cores // min(p, cores)))  # the node's cores shared by the active ranks
             for r, dims in settings(p, batch, replicas, grid, network.input_shape[:2]):
                 ovs = (choices[(p, r, dims)]["overlap"],) if overlaps == ("auto",) else tuple(overlaps)
+                alone = r == 1 and 1 < p <= cores  # each rank on whole cores
                 for ov, m in _steps(sub, network, make_optimizer, batch // r, r, dims, ovs, stage, steps, warmup,
-                                    rounds, kw).items():
+                                    rounds, kw, alone).items():
                     m.update(ranks=p, replicas=r, grid=list(dims), overlap=ov, images_per_s=batch / m["step_s"],
                              compute_s=max(m["step_s"] - m["exchange_s"], 0.0))
                     mine.append(m)
@@ -169,6 +196,7 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
                 base[m["overlap"]] = m["step_s"]
             t1 = base.get(m["overlap"], min(base.values(), default=None))  # ("auto" measures one of them)
             m["efficiency"] = t1 / (m["ranks"] * m["step_s"]) if t1 else None
+            m["core_efficiency"] = _core_efficiency(m)
             off = next((o for o in mine if not o["overlap"] and o["replicas"] == m["replicas"]), None)
             m["hidden"] = ((off["step_s"] - m["step_s"]) / off["exchange_s"]
                            if m["overlap"] and off and off["exchange_s"] > 0 else None)
@@ -176,13 +204,18 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
             m["ratio"] = m["predicted_s"] / m["step_s"] if m["predicted_s"] else None
             say(f"{m['ranks']:>5} {m['replicas']:>4} {'x'.join(map(str, m['grid'])):>5} {'on' if m['overlap'] else 'off':>7} "
                 f"{1e3 * m['step_s']:>9.1f} {m['images_per_s']:>9.1f} "
-                f"{m['efficiency'] if m['efficiency'] is not None else float('nan'):>6.2f} {1e3 * m['compute_s']:>10.1f} "
+                f"{m['efficiency'] if m['efficiency'] is not None else float('nan'):>6.2f} "
+                f"{m['core_efficiency']['value'] if m['core_efficiency'] else float('nan'):>8.2f} "
+                f"{1e3 * m['compute_s']:>10.1f} "
                 f"{1e3 * m['exchange_s']:>8.1f} {m['hidden'] if m['hidden'] is not None else float('nan'):>6.2f} "
                 f"{1e3 * m['predicted_s'] if m['predicted_s'] else float('nan'):>8.1f} "
                 f"{m['ratio'] if m['ratio'] else float('nan'):>9.2f}" + (f"  {_auto_text(m['auto'])}"
                                                                           if m["auto"] else ""))
         results += mine
-    say("efficiency: T(1 rank) / (ranks x T); hidden: (step without overlap - step with) / exchange time without; "
+    say("efficiency: T(1 rank) / (ranks x T); eff/core: the same with T(1 rank) on a rank's share of the cores "
+        "while every rank runs such a copy (the cores as busy), paired by round (median; JSON: core_efficiency, "
+        "its interval); "
+        "hidden: (step without overlap - step with) / exchange time without; "
         "exchange: time inside exchange calls (slowest rank)")
     if choices:
         say('auto: what parallel.overlap = "auto" chooses for the setting and, with both measured, the median over '

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from cotsdl.ops import available_cores
 from testkit import tiny_config
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -47,9 +48,17 @@ def test_scaling_measures_every_rank_count_and_both_overlaps(cfg, tmp_path):
         assert auto["vs_other"] == pytest.approx(np.median(ratios) - 1)
         assert auto["vs_best"] == pytest.approx(max(auto["vs_other"], 0))
         assert auto["interval"] == pytest.approx([min(ratios) - 1, max(ratios) - 1]) and auto["coverage"] == 0.5
+        # per core: against one rank on a rank's share of the cores, paired by round (p ranks on whole cores)
+        eff = m["core_efficiency"]
+        if m["ranks"] == 2 and m["replicas"] == 1 and available_cores() >= 2:
+            assert len(m["alone_round_s"]) == 2 and all(t > 0 for t in m["alone_round_s"])
+            per = [a / (2 * t) for a, t in zip(m["alone_round_s"], m["round_s"])]
+            assert eff["value"] == pytest.approx(np.median(per)) and eff["interval"] == pytest.approx(sorted(per))
+        else:
+            assert eff is None and m["alone_round_s"] is None
         if m["ranks"] // m["replicas"] == 1:
             assert auto["overlap"] is False and "no halo to hide" in auto["reason"]
-    assert "images/s" in res.stdout and res.stdout.count("\n") >= 6
+    assert "images/s" in res.stdout and "eff/core" in res.stdout and res.stdout.count("\n") >= 6
     assert "  1 rank(s), 1 replica(s) x grid 1x1: off: 1 rank, no halo to hide" in res.stdout
 
 
