@@ -7,6 +7,7 @@ against a Slurm this project did not configure).  A requeued job waits until the
 its last start expire before it starts again: two minutes by default, 10 s on the test cluster
 (``AuthInfo=cred_expire=10``), so the stage takes about a minute and a half.
 """
+import json
 import os
 import shutil
 import subprocess
@@ -103,6 +104,18 @@ def reference(tmp, cfg):
                             env={**os.environ, "MPIEXEC_TIMEOUT": "280"})
 
 
+def steps_lasting(tmp, config, seconds):
+    """Steps per stage (the config has two) that train for about ``seconds`` alone on 2 ranks here, from
+    a short run of the same config, and never fewer than 2500.  A job that must still train when
+    Slurm's signal comes cannot be a fixed count: 2500 took about 50 s on a slow day of this VM and
+    24.5 s on a fast one, where the job ended before the signal and never requeued."""
+    probe = config("probe", 500)
+    subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "mpi4py", "-m", "cotsdl", "train", str(probe)],
+                   check=True, capture_output=True, timeout=150, env={**os.environ, "MPIEXEC_TIMEOUT": "120"})
+    s = json.loads((tmp / "probe" / "summary.json").read_text())
+    return max(2500, int(s["session_steps"] / s["session_seconds"] * seconds / 2))
+
+
 def assert_bitwise(tmp, name, ref):
     assert ref.wait(timeout=290) == 0, ref.stderr.read()
     (na, a), (nb, b) = final_weights(tmp / f"ref-{name}"), final_weights(tmp / name)
@@ -138,7 +151,7 @@ def test_a_time_limit_signal_checkpoints_and_requeues_itself(run_setup):
     requeues itself either way; its second start (given a time limit that leaves room, as a user
     would) resumes and completes, bitwise equal to an uninterrupted run."""
     tmp, config = run_setup
-    cfg = config("lead", 2500)  # ~50 s on 2 ranks: Slurm checks the signal times every ~30 s
+    cfg = config("lead", steps_lasting(tmp, config, 50))  # Slurm checks the signal times every ~30 s
     ref = reference(tmp, cfg)
     job_id, out = submit(tmp, cfg, "--time=1", "--signal=B:USR1@50")
     requeued(job_id)
