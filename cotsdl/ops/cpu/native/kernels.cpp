@@ -18,6 +18,7 @@
 // sums of squares (a loss to log, not a gradient), which numpy adds in another order.
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -315,6 +316,42 @@ void add_channels(T* x, idx sxh, idx sxw, const T* b, idx sbh, idx sbw, idx W, i
 // out = r * scale (numpy's bits), and per row h the float64 sums of r^2 and x^2 into
 // sums[2h] and sums[2h + 1].  Eight partial sums per row (lanes in a fixed order, so any
 // bands give the same numbers): one chain of dependent adds was latency-bound.
+// Eight elements: their residuals stored, and lane k's squares added to rr[k] and xx[k].  The
+// compiler vectorized neither type's loop (the float64 sums of floats): written with vector types
+// it gives the same bits, on one core 2x faster in float32 and 2.6-4.4x in float64 (A's input,
+// (32, 32, 8, 64): 0.41 -> 0.20 ms float32, 0.76 -> 0.17 ms float64).
+typedef float F8 __attribute__((vector_size(32)));
+typedef float F4 __attribute__((vector_size(16)));
+typedef double D4 __attribute__((vector_size(32)));
+
+inline void residual8(const float* a, const float* b, float* o, float scale, D4* rr, D4* xx) {
+  F8 va, vb;
+  std::memcpy(&va, a, sizeof va);
+  std::memcpy(&vb, b, sizeof vb);
+  const F8 r = va - vb, s = r * scale;
+  std::memcpy(o, &s, sizeof s);  // after both loads: o may be a itself
+  F4 h[2], g[2];
+  std::memcpy(h, &r, sizeof r);
+  std::memcpy(g, &vb, sizeof vb);
+  for (int i = 0; i < 2; ++i) {
+    const D4 rd = __builtin_convertvector(h[i], D4), xd = __builtin_convertvector(g[i], D4);
+    rr[i] += rd * rd;
+    xx[i] += xd * xd;
+  }
+}
+
+inline void residual8(const double* a, const double* b, double* o, double scale, D4* rr, D4* xx) {
+  for (int i = 0; i < 2; ++i) {
+    D4 va, vb;
+    std::memcpy(&va, a + 4 * i, sizeof va);
+    std::memcpy(&vb, b + 4 * i, sizeof vb);
+    const D4 r = va - vb, s = r * scale;
+    std::memcpy(o + 4 * i, &s, sizeof s);
+    rr[i] += r * r;
+    xx[i] += vb * vb;
+  }
+}
+
 template <class T>
 void residual(const T* xh, idx sah, idx saw, const T* x, idx sxh, idx sxw, idx W, idx L, T scale, T* out,
               idx soh, idx sow, double* sums, idx h0, idx h1) {
@@ -326,13 +363,14 @@ void residual(const T* xh, idx sah, idx saw, const T* x, idx sxh, idx sxw, idx W
       const T* b = x + h * sxh + w * sxw;
       T* o = out + h * soh + w * sow;
       idx l = 0;
-      for (; l + P <= L; l += P)
-        for (int k = 0; k < P; ++k) {
-          const T r = a[l + k] - b[l + k];
-          o[l + k] = r * scale;
-          rr[k] += double(r) * double(r);
-          xx[k] += double(b[l + k]) * double(b[l + k]);
-        }
+      if (L >= P) {
+        D4 vr[2], vx[2];
+        std::memcpy(vr, rr, sizeof vr);
+        std::memcpy(vx, xx, sizeof vx);
+        for (; l + P <= L; l += P) residual8(a + l, b + l, o + l, scale, vr, vx);
+        std::memcpy(rr, vr, sizeof vr);
+        std::memcpy(xx, vx, sizeof vx);
+      }
       for (int k = 0; l < L; ++l, ++k) {
         const T r = a[l] - b[l];
         o[l] = r * scale;
