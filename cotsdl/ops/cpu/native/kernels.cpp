@@ -279,25 +279,24 @@ void lcn_spread(const T* v1, idx svh, idx svw, const T* dq1, idx sqh, idx sqw, c
 // LCN backward's max(s, m, eps), pixels of rows [h0, h1) of C-contiguous (h, W, N) maps:
 //   v = -dd / (d d);  ds = v where s wins (s >= m, s >= eps), else 0;
 //   mpart = v where m wins (s does not, m >= eps), else 0  (summed per image by the caller).
+// (Pixels outer, images inner: with one flat loop and n = i % N the compiler vectorized neither.)
 template <class T>
 void lcn_branches(const T* dd, const T* d, const T* s, const T* m, T eps, T* ds, T* mpart, idx W, idx N,
                   idx h0, idx h1) {
-  for (idx i = h0 * W * N; i < h1 * W * N; ++i) {
-    const idx n = i % N;
-    const T v = -dd[i] / (d[i] * d[i]);
-    const bool s_wins = s[i] >= m[n] && s[i] >= eps;
-    ds[i] = s_wins ? v : T(0);
-    mpart[i] = !s_wins && m[n] >= eps ? v : T(0);
-  }
+  for (idx p = h0 * W; p < h1 * W; ++p)
+    for (idx n = 0, i = p * N; n < N; ++n, ++i) {
+      const T v = -dd[i] / (d[i] * d[i]);
+      const bool s_wins = s[i] >= m[n] && s[i] >= eps;
+      ds[i] = s_wins ? v : T(0);
+      mpart[i] = !s_wins && m[n] >= eps ? v : T(0);
+    }
 }
 
 // du = (ds + q[n]) / (2 s) where s > 0, else 0 (q: the image mean's share, dm / pixels).
 template <class T>
 void lcn_du(const T* ds, const T* s, const T* q, T* du, idx W, idx N, idx h0, idx h1) {
-  for (idx i = h0 * W * N; i < h1 * W * N; ++i) {
-    const idx n = i % N;
-    du[i] = s[i] > T(0) ? (ds[i] + q[n]) / (T(2) * s[i]) : T(0);
-  }
+  for (idx p = h0 * W; p < h1 * W; ++p)
+    for (idx n = 0, i = p * N; n < N; ++n, ++i) du[i] = s[i] > T(0) ? (ds[i] + q[n]) / (T(2) * s[i]) : T(0);
 }
 
 // x[h, w, c, n] += b[h, w, n].
