@@ -5,7 +5,8 @@ steps of one stage (:class:`~cotsdl.train.GreedyTrainer` on synthetic images) on
 first p ranks; the others wait without spinning.  Reported per setting: the median
 step time (each step the slowest rank's), images/s, efficiency T(1) / (p T(p)), where
 p ranks get whole cores of this node also the efficiency per core (T(1) of one rank on a
-rank's share of the cores while every rank runs such a copy, timed in the same rounds), time inside exchanges vs the rest, the share of exchange time overlap hides, given a
+rank's share of the cores while every rank runs such a copy, timed in the same rounds),
+time inside exchanges vs the rest, the share of exchange time overlap hides, given a
 machine description, the planner's predicted step time beside the measured one, and what
 ``parallel.overlap = "auto"`` chooses for the setting (with both measured: its step time
 vs the other's, paired by round).
@@ -148,7 +149,8 @@ def _auto_text(auto: dict[str, Any]) -> str:
 
 
 def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, batch: int, stage: int = 0,
-        steps: int = 12, warmup: int = 2, rounds: int = 6, replicas: int | None = None, grid: tuple[int, int] | None = None,
+        steps: int = 12, warmup: int = 2, rounds: int = 6, replicas: int | None = None,
+        grid: tuple[int, int] | None = None,
         overlaps: tuple[bool | str, ...] = (True, False), predict: Callable[..., float] | None = None,
         decide: Callable[..., Any] | None = None, log=sys.stdout, **kw) -> dict[str, Any]:
     """Measure every setting on 1..P ranks of ``comm``; ``batch`` is the global batch.

@@ -138,8 +138,8 @@ def _scaling(args) -> int:
     from .train import setup_backend  # noqa: PLC0415
 
     comm = MPI.COMM_WORLD  # the program's world: the library itself always takes a communicator
-    agree(comm, config=args.config, steps=args.steps, warmup=args.warmup, rounds=args.rounds, stage=args.stage, grid=args.grid,
-          replicas=args.replicas, overlap=args.overlap, machine=args.machine, json=args.json)
+    agree(comm, config=args.config, steps=args.steps, warmup=args.warmup, rounds=args.rounds, stage=args.stage,
+          grid=args.grid, replicas=args.replicas, overlap=args.overlap, machine=args.machine, json=args.json)
     spec = run_spec.read_agreed(comm, args.config)
     network, tc = spec.network, spec.train
     err = common.check_output_path(args.json) if comm.Get_rank() == 0 else None
@@ -160,8 +160,8 @@ def _scaling(args) -> int:
     decide = _decider(spec, args.machine, args.stage)
     warning = _load_warning(comm, args.machine)
     res = scaling.run(comm, network, tc.make_optimizer, batch=spec.global_batch,
-                      stage=args.stage, steps=args.steps, warmup=args.warmup, rounds=args.rounds, replicas=args.replicas,
-                      grid=tuple(args.grid) if args.grid else None,
+                      stage=args.stage, steps=args.steps, warmup=args.warmup, rounds=args.rounds,
+                      replicas=args.replicas, grid=tuple(args.grid) if args.grid else None,
                       overlaps={"on": (True,), "off": (False,), "both": (True, False),
                                 "auto": ("auto",)}[args.overlap],
                       predict=predict, decide=decide, lam=tc.lam, tied=tc.tied, seed=tc.seed, dtype=tc.dtype)
