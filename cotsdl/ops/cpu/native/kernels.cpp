@@ -311,10 +311,6 @@ void add_channels(T* x, idx sxh, idx sxw, const T* b, idx sbh, idx sbw, idx W, i
     }
 }
 
-// The autoencoder's residual over rows [h0, h1) of (H, W, L) maps: r = xh - x and
-// out = r * scale (numpy's bits), and per row h the float64 sums of r^2 and x^2 into
-// sums[2h] and sums[2h + 1].  Eight partial sums per row (lanes in a fixed order, so any
-// bands give the same numbers): one chain of dependent adds was latency-bound.
 // Eight elements: their residuals stored, and lane k's squares added to rr[k] and xx[k].  The
 // compiler vectorized neither type's loop (the float64 sums of floats): written with vector types
 // it gives the same bits, on one core 2x faster in float32 and 2.6-4.4x in float64 (A's input,
@@ -351,6 +347,10 @@ inline void residual8(const double* a, const double* b, double* o, double scale,
   }
 }
 
+// The autoencoder's residual over rows [h0, h1) of (H, W, L) maps: r = xh - x and
+// out = r * scale (numpy's bits), and per row h the float64 sums of r^2 and x^2 into
+// sums[2h] and sums[2h + 1].  Eight partial sums per row (lanes in a fixed order, so any
+// bands give the same numbers): one chain of dependent adds was latency-bound.
 template <class T>
 void residual(const T* xh, idx sah, idx saw, const T* x, idx sxh, idx sxw, idx W, idx L, T scale, T* out,
               idx soh, idx sow, double* sums, idx h0, idx h1) {
