@@ -249,12 +249,13 @@ def op_seconds(machine: dict[str, Any], share: dict[str, float], op: str, flops:
     if flops <= 0 and nbytes <= 0:
         return 0.0
     roof = max(flops / share["flops"], nbytes / share["bandwidth"])
-    return roof / efficiency(machine, share, op) + calls * call_seconds(machine, op) * share.get("slice", 1.0)
+    return roof / efficiency(machine, share, op) + calls * call_seconds(machine, op, share)
 
 
-def call_seconds(machine: dict[str, Any], op: str) -> float:
-    """The fixed cost of one call of ``op``: its calibrated ``overhead_by_op_s``, else ``overhead_s``."""
-    return (machine.get("overhead_by_op_s") or {}).get(op, machine["overhead_s"])
+def call_seconds(machine: dict[str, Any], op: str | None = None, share: dict[str, float] | None = None) -> float:
+    """The fixed cost of one call of ``op``: its calibrated ``overhead_by_op_s``, else (and for ``op``
+    None, e.g. an exchange) ``overhead_s``; for a rank of ``share``, times its ``slice``."""
+    return (machine.get("overhead_by_op_s") or {}).get(op, machine["overhead_s"]) * (share or {}).get("slice", 1.0)
 
 
 def message_seconds(machine: dict[str, Any], messages: float, nbytes: float) -> float:

@@ -56,7 +56,7 @@ def _op_seconds(op: Op, machine: dict[str, Any], share: dict[str, float]) -> np.
     if op.kind == "exchange":
         wire = message_seconds(machine, np.maximum(op.msgs_sent, op.msgs_received), np.maximum(op.sent, op.received))
         pack = (op.sent + op.received + op.local) / share["bandwidth"]
-        return wire + pack + machine["overhead_s"] * share["slice"]
+        return wire + pack + call_seconds(machine, None, share)
     n = op.group
     if n <= 1:
         return 0.0
@@ -88,7 +88,7 @@ def _overlapped(ops: list[Op], per_rank: list[np.ndarray], times: list[float], c
             strips = counts[ex.layer].strips if ex.what == "forward" else 0.0
             where = strips > 0 if ex.what == "forward" else True
             exch = np.where(where, exch - wire, exch)
-            work = np.where(where, np.maximum(work, wire) + strips * call_seconds(machine, comp.what) * share["slice"], work)
+            work = np.where(where, np.maximum(work, wire) + strips * call_seconds(machine, comp.what, share), work)
         gain = float(np.max(before) - np.max(exch + work))
         exchanges = sum(out[i] for i in comp.hides)
         if gain > 0 and exchanges > 0:  # gain <= the wire time <= the exchanges' time
