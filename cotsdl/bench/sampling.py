@@ -54,22 +54,28 @@ def robust(values) -> dict[str, float]:
             "rounds": int(a.size)}
 
 
-def median_interval(values, level: float = 0.95) -> tuple[float, float, float]:
-    """A distribution-free interval for the median of ``values``: (x_(j), x_(n+1-j), coverage), the
-    order statistics of the largest j whose coverage 1 - 2 P(Binomial(n, 1/2) < j) is at least
-    ``level``; with too few values for that, (min, max) and its smaller coverage."""
-    a = sorted(float(v) for v in values)
-    n = len(a)
-    if n == 0 or not all(math.isfinite(v) for v in a):
-        raise ValueError(f"median_interval(): need finite samples, got {values!r}")
-
+def median_order(n: int, level: float = 0.95) -> tuple[int, float]:
+    """(j, coverage) of the distribution-free interval (x_(j), x_(n+1-j)) for the median of n values:
+    the largest j whose coverage 1 - 2 P(Binomial(n, 1/2) < j) is at least ``level``, else 1 (the
+    range, with its smaller coverage)."""
     def coverage(j: int) -> float:
         return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(j)) / 2.0 ** n
 
     j = 1
     while j + 1 <= (n + 1) // 2 and coverage(j + 1) >= level:
         j += 1
-    return a[j - 1], a[n - j], coverage(j)
+    return j, coverage(j)
+
+
+def median_interval(values, level: float = 0.95) -> tuple[float, float, float]:
+    """A distribution-free interval for the median of ``values``: (x_(j), x_(n+1-j), coverage), j as
+    :func:`median_order` chooses it."""
+    a = sorted(float(v) for v in values)
+    n = len(a)
+    if n == 0 or not all(math.isfinite(v) for v in a):
+        raise ValueError(f"median_interval(): need finite samples, got {values!r}")
+    j, coverage = median_order(n, level)
+    return a[j - 1], a[n - j], coverage
 
 
 def interleaved_best(fns: dict[str, Callable[[], Any]], repeats: int, min_time: float = 0.0,

@@ -25,7 +25,7 @@ from ..array.collective import allreduce, raise_collectively, wait_idle
 from ..array.partition import choose_grid
 from ..nn.network import Network
 from ..train import GreedyTrainer, InMemorySource
-from .sampling import median_interval
+from .sampling import median_interval, median_order
 
 
 def rank_counts(world: int) -> list[int]:
@@ -41,8 +41,9 @@ def _steps(sub: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], b
            dims: tuple[int, int], overlaps: tuple[bool, ...], stage: int, steps: int, warmup: int, rounds: int,
            kw: dict[str, Any], alone: bool = False) -> dict[bool, dict]:
     """Time ``steps`` training steps of ``stage`` on ``sub`` per overlap setting, the settings in
-    interleaved rounds (ABBA...: a burst of load spoils a round of each alike); per-step maxima over
-    its ranks, and each round's median step (``round_s``) for paired comparisons.
+    ``rounds`` (at most ``steps``) interleaved rounds (ABBA...: a burst of load spoils a round of
+    each alike); per-step maxima over its ranks, and each round's median step (``round_s``) for
+    paired comparisons.
 
     ``alone``: each round also times the same steps of one rank alone, with the same threads, on every
     rank of ``sub`` at once (each a whole copy: the cores as busy as in the p-rank step):
@@ -59,7 +60,6 @@ def _steps(sub: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], b
     for tr in (*trainers.values(), one):
         if warmup and tr is not None:
             tr.train_stage(stage, warmup)
-    rounds = max(1, min(rounds, steps))
     sec: dict[bool, list[float]] = {ov: [] for ov in overlaps}
     ex: dict[bool, list[float]] = {ov: [] for ov in overlaps}
     per_round: dict[bool, list[float]] = {ov: [] for ov in overlaps}
@@ -133,11 +133,6 @@ def _auto(choice: dict[str, Any] | None, m: dict[str, Any], mine: list[dict[str,
     return {**choice, "vs_best": max(vs, 0.0), "vs_other": vs, "interval": [lo - 1, hi - 1], "coverage": coverage}
 
 
-def _coverage(rounds: int, steps: int) -> float:
-    """The coverage of :func:`median_interval` over the rounds that ``rounds`` and ``steps`` make."""
-    return median_interval([0.0] * max(1, min(rounds, steps)))[2]
-
-
 def _auto_text(auto: dict[str, Any]) -> str:
     """``off (-4.1% vs on [-9.0%, +1.2%])``, or ``on`` when only one of on and off was measured."""
     what = "on" if auto["overlap"] else "off"
@@ -162,13 +157,14 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
     rounds, its overlap settings interleaved (both are held at once: twice a trainer's memory).
     """
     rank, world = comm.Get_rank(), comm.Get_size()
+    rounds = max(1, min(rounds, steps))
     say = (lambda *a: print(*a, file=log, flush=True)) if rank == 0 else (lambda *a: None)
     cores = ops.available_cores()
     results: list[dict[str, Any]] = []
     choices = _choices(comm, decide, [(p, r, dims) for p in rank_counts(world)
                                       for r, dims in settings(p, batch, replicas, grid, network.input_shape[:2])])
     say(f"cotsdl bench scaling: stage {stage}, global batch {batch}, {steps} steps (+{warmup} warm-up) per setting in "
-        f"{max(1, min(rounds, steps))} interleaved round(s), "
+        f"{rounds} interleaved round(s), "
         f"{world} rank(s) on {cores} core(s) here")
     say(f"{'ranks':>5} {'repl':>4} {'grid':>5} {'overlap':>7} {'step ms':>9} {'images/s':>9} {'effic.':>6} "
         f"{'eff/core':>8} "
@@ -222,10 +218,10 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
     if choices:
         say('auto: what parallel.overlap = "auto" chooses for the setting and, with both measured, the median over '
             "rounds of its round's median step / the other's, minus 1, with a distribution-free interval of that "
-            f"median ({100 * _coverage(rounds, steps):.0f}% coverage); why:")
+            f"median ({100 * median_order(rounds)[1]:.0f}% coverage); why:")
         for (p, r, dims), c in choices.items():
             say(f"  {p} rank(s), {r} replica(s) x grid {dims[0]}x{dims[1]}: {'on' if c['overlap'] else 'off'}: "
                 f"{c['reason']}")
     return {"benchmark": "scaling", "stage": stage, "global_batch": batch, "steps": steps, "warmup": warmup,
-            "rounds": max(1, min(rounds, steps)),
+            "rounds": rounds,
             "cores": cores, "world": world, "results": results}

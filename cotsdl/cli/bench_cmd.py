@@ -220,9 +220,7 @@ def _load_warning(comm, machine_arg: str | None) -> str | None:
         warning = load_warning(machine, pids=pids, cpus=cpus, ranks_per_node=len(pids)) if machine else None
         if warning:
             print(warning, flush=True)
-        comm.Ibarrier().Wait()
-    else:  # sleeping: ranks polling in a blocking call would take the cores from what rank 0 measures
-        wait_idle(comm)
+    wait_idle(comm)  # the others sleep: polling in a blocking call would take the cores rank 0 measures
     return comm.bcast(warning, root=0)
 
 
