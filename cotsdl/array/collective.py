@@ -47,9 +47,9 @@ def allreduce(comm: MPI.Comm, buf: Any, op: MPI.Op = MPI.SUM) -> Any:
 
 
 def wait_idle(comm: MPI.Comm) -> None:
-    """A barrier for ranks with nothing to do: polled with sleeps, so they take no core from the
-    ranks being timed or from what rank 0 measures (a blocking barrier busy-polls under MPICH).
-    The ranks that work end with ``comm.Ibarrier().Wait()`` (or this)."""
+    """A barrier polled with sleeps, so that ranks with nothing to do take no core from the ranks
+    being timed or from what rank 0 measures (a blocking barrier busy-polls under MPICH).  The
+    ranks that work call it (or ``comm.Ibarrier().Wait()``) when done."""
     req = comm.Ibarrier()
     while not req.Test():
         time.sleep(0.005)

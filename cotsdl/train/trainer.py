@@ -201,9 +201,7 @@ class GreedyTrainer:
             except Exception as e:  # noqa: BLE001 - reported on every rank below
                 err = (f'overlap = "auto": the run planner failed ({type(e).__name__}: {e}); give overlap=True or '
                        'False (parallel.overlap = true or false)')
-            self.world.Ibarrier().Wait()
-        else:  # sleeping: ranks polling in a blocking call would take the cores from the load rank 0 measures
-            wait_idle(self.world)
+        wait_idle(self.world)  # the others sleep: polling in a blocking call would take the cores rank 0 measures
         raise_collectively(self.world, err, RuntimeError)
         return self.world.bcast(choice, root=0)
 
