@@ -10,6 +10,8 @@ import sys
 import time
 from typing import IO, Any
 
+from . import stops
+
 
 def duration(seconds: float) -> str:
     """``42s``, ``3m05s``, ``2h07m``: short, for ETAs and elapsed times."""
@@ -65,7 +67,10 @@ class Progress:
                             leave=False, dynamic_ncols=True, smoothing=0.1, mininterval=0.5)
 
     def update(self, done: int, **postfix: Any) -> None:
-        """``done`` units are done (an absolute count); ``postfix`` shown beside the bar (e.g. loss)."""
+        """``done`` units are done (an absolute count); ``postfix`` shown beside the bar (e.g. loss).
+
+        A stop signal swallowed since the last update is raised here (:mod:`cotsdl.stops`)."""
+        stops.checkpoint()
         if not self.enabled:
             return
         step, self.done = done - self.done, done

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1] / "cotsdl"
 
 #: Lowest first.  Units are the top-level modules and subpackages of ``cotsdl``.
 FLOORS = [
-    ("checks", "progress", "cudaemu"),  # plain checks; progress bars and lines; the CPU emulator of CUDA kernels
+    ("checks", "progress", "stops", "cudaemu"),  # plain checks; progress bars and lines; stop signals; the CUDA emulator
     ("backend",),                     # numpy / cuda / cuda-emu, kernel loading
     ("array",),                       # boxes, grids, distributed arrays, exchanges, collectives
     ("ops",),                         # filter, pool, LCN on either backend

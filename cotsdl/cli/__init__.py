@@ -14,6 +14,8 @@ import os
 import signal
 import sys
 
+from .. import stops
+
 
 def _parser() -> argparse.ArgumentParser:
     from .. import __version__  # noqa: PLC0415
@@ -85,7 +87,7 @@ def stop_on_signals() -> None:
             time.sleep(1.0)  # still here: the signal was this rank's alone, so it speaks for itself
         print(f"cotsdl: stopped by {signal.Signals(signum).name}{f' on rank {rank}' if rank else ''}; nothing "
               "was left half-written", file=sys.stderr, flush=True)
-        raise SystemExit(128 + signum)
+        stops.raise_stop(SystemExit(128 + signum))  # re-raised at the next progress update if a callback swallows it
 
     for sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, stop)

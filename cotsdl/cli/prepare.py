@@ -18,6 +18,8 @@ import signal
 import sys
 import time
 
+from .. import stops
+
 
 def _positive(text: str) -> int:
     v = int(text)
@@ -160,8 +162,9 @@ def run(args) -> int:
         pass
 
     def stop(signum, frame):  # unwind: the writers remove their temporary files on the way out
-        raise Stopped(signum)
+        stops.raise_stop(Stopped(signum))  # remembered: re-raised at the next batch if a callback swallows it
 
+    stops.clear()
     old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         if args.builder == "stats":
@@ -179,6 +182,7 @@ def run(args) -> int:
         print(f"cotsdl: error: {e}", file=sys.stderr, flush=True)
         return 1 if isinstance(e, DiskError) else 2  # a write that failed is the machine's, not bad input
     except Stopped as e:
+        stops.clear()
         sig = signal.Signals(e.args[0])
         print(f"cotsdl: stopped by {sig.name}: nothing was written (no partial file is left)", file=sys.stderr,
               flush=True)

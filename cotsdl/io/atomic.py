@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import IO, Callable
 
+from .. import stops
+
 #: Room kept free beyond what a write needs (metadata, the file system's own blocks).
 MARGIN = 64 << 10
 
@@ -83,6 +85,7 @@ def write_atomic(path: str | os.PathLike, content: str | bytes | Callable[[IO[by
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; results are for everyone
+        stops.checkpoint()  # a stop signal that a callback swallowed still keeps the file from being published
         os.replace(tmp, path)
     except BaseException as e:
         try:

@@ -30,6 +30,7 @@ from typing import Iterable, Sequence
 import h5py
 import numpy as np
 
+from .. import stops
 from ..progress import Progress
 from .atomic import DiskError, ensure_free
 from .augment import MATCH_MIN_STD, Augmentation, cycle as _cycle, matched_crops as _matched_crops
@@ -435,6 +436,7 @@ def add_stats(path: str | os.PathLike, chunk: int = 256, force: bool = False) ->
                 f.create_dataset(name, data=values)
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
+        stops.checkpoint()  # a swallowed stop signal still leaves the file unchanged
         os.replace(tmp, path)
     except OSError as e:
         raise DiskError(f"{path}: cannot add the statistics ({e.strerror or e}); the file is unchanged") from None

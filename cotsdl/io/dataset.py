@@ -34,6 +34,7 @@ from typing import Any, Sequence
 import h5py
 import numpy as np
 
+from .. import stops
 from .atomic import DiskError, ensure_free
 from .h5safe import storage_problems
 
@@ -191,7 +192,8 @@ class DatasetWriter:
         return v
 
     def close(self) -> Path:
-        """Finish the file and move it into place."""
+        """Finish the file and move it into place (not after a stop signal, even a swallowed one)."""
+        stops.checkpoint()
         if self.n != self.count:
             raise DatasetError(f"{self.path}: {self.n} images written, {self.count} announced")
         self._file.create_dataset("image_mean", data=self._mean)
