@@ -202,7 +202,7 @@ def filter_backward_weights(x: np.ndarray, dy: np.ndarray, size: tuple[int, int]
     dy = np.ascontiguousarray(dy)
     pairs = [(x, dy)] if also is None else [(x, dy), (also[0], np.ascontiguousarray(also[1]))]
     ws = or_new(workspace)
-    dw = np.empty((SH * SW, M, R), x.dtype) if out is None else out.reshape(SH * SW, M, R)
+    dw = ws.output((SH * SW, M, R), x.dtype) if out is None else out.reshape(SH * SW, M, R)
     kern, sx = native.kernel("lc_bwd_w", x.dtype), [native.strides(a, 1) for a, _ in pairs]
     if (kern is not None and None not in sx and all(d.dtype == x.dtype for _, d in pairs)
             and (out is None or out.flags.c_contiguous)):
