@@ -43,7 +43,7 @@ def response_and_gradient(plan: NetworkPlan, params: dict[int, np.ndarray], x: n
         value = float(y.data[rel])
     value = float(sum_values(comm, [value])[0])
     dy = DistArray(comm, plan.layers[layer].out_shape, out, out, data=local)
-    dx, _ = plan.backward(dy, tape, params)
+    dx, _ = plan.backward(dy, tape, params, weight_grads=False)  # the input gradient only
     return value, backend.to_numpy(dx.data)
 
 

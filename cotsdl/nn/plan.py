@@ -233,7 +233,8 @@ class NetworkPlan:
     def backward(self, dy: DistArray, tape: Tape, params: dict[int, np.ndarray], *, input_grad: bool = True,
                  meanwhile: Callable[[], Any] | None = None,
                  grads_into: dict[int, Any] | None = None, accumulate: bool = False,
-                 also: dict[int, tuple[Any, Any]] | None = None) -> tuple[DistArray | None, dict[int, np.ndarray]]:
+                 also: dict[int, tuple[Any, Any]] | None = None,
+                 weight_grads: bool = True) -> tuple[DistArray | None, dict[int, np.ndarray]]:
         """Gradients w.r.t. the tape's input (owned layout) and the weights, from dy on the owned output.
 
         ``input_grad=False`` stops at the weights of the tape's first layer (no input gradient
@@ -243,10 +244,14 @@ class NetworkPlan:
         :meth:`buffer`'s, kept from step to step instead of allocated and page-faulted each time;
         ``accumulate``: the gradients are added to those arrays.  ``also``: per filter layer, a
         second (input window, output gradient) pair whose weight gradient its pass adds (a tied
-        autoencoder's decoder, in the encoder's pass).
+        autoencoder's decoder, in the encoder's pass).  ``weight_grads=False``: the input gradient
+        only (an optimal stimulus), without the filters' backward-weights passes; the dict is empty.
         """
         if accumulate and not grads_into:
             raise ValueError("accumulate=True needs grads_into (the arrays to add the gradients to)")
+        if not weight_grads and (grads_into or also or not input_grad):
+            raise ValueError("weight_grads=False computes the input gradient only: it takes no grads_into or also, "
+                             "and needs input_grad=True")
         grads: dict[int, np.ndarray] = {}
         cur = dy
         for i in reversed(tape.layers):
@@ -260,15 +265,16 @@ class NetworkPlan:
                     owners, pending = self._start_sum_window(lp, lp.layer.adjoint_local(cur.data, ctx))
                     if not self.overlap:
                         pending.wait()
-                into = None if grads_into is None else grads_into.get(i)
-                grads[i] = lp.layer.weight_grad_local(tape.inputs[k], cur.data, ctx, out=into,
-                                                      accumulate=accumulate and into is not None,
-                                                      also=None if also is None else also.get(i))
+                if weight_grads:
+                    into = None if grads_into is None else grads_into.get(i)
+                    grads[i] = lp.layer.weight_grad_local(tape.inputs[k], cur.data, ctx, out=into,
+                                                          accumulate=accumulate and into is not None,
+                                                          also=None if also is None else also.get(i))
                 cur = self._join(pending, extra, owners)
                 continue
             dx, dw = lp.layer.backward_local(cur.data, tape.inputs[k], tape.outputs[k], tape.caches[k], ctx,
                                              input_grad=need)
-            if dw is not None:
+            if dw is not None and weight_grads:
                 grads[i] = dw
             if need:
                 owners, pending = self._start_sum_window(lp, dx)

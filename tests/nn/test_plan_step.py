@@ -139,3 +139,28 @@ def test_weight_gradients_into_kept_buffers_set_or_add():
         np.testing.assert_array_equal(kept[i], fresh[i])
     with pytest.raises(ValueError, match="accumulate=True needs grads_into"):
         plan.backward(dy, tape, params, accumulate=True)
+
+
+def test_input_gradient_alone_skips_the_weight_gradients(monkeypatch):
+    """``weight_grads=False`` (an optimal stimulus): the same input gradient bit for bit, no weight
+    gradient computed; it refuses what would need one."""
+    _, plan, params = _plan()
+    x = _images(plan, 5)
+    y, tape = plan.forward(x, params)
+    dy = DistArray(x.comm, plan.output_shape, plan.output_owned, plan.output_owned,
+                   data=np.random.default_rng(6).standard_normal(plan.output_owned.shape).astype(np.float32))
+    dx, grads = plan.backward(dy, tape, params)
+    assert grads
+    calls = []
+    for cls in {type(lp.layer) for lp in plan.layers if lp.layer.kind == "filter"}:
+        real = cls.weight_grad_local
+        monkeypatch.setattr(cls, "weight_grad_local", lambda *a, real=real, **k: calls.append(1) or real(*a, **k))
+    alone, none = plan.backward(dy, tape, params, weight_grads=False)
+    assert none == {} and not calls
+    np.testing.assert_array_equal(alone.data, dx.data)
+    plan.backward(dy, tape, params)
+    assert calls  # the count above is of real calls
+    for bad in (dict(input_grad=False), dict(grads_into={i: g.copy() for i, g in grads.items()}),
+                dict(also={i: (None, None) for i in grads})):
+        with pytest.raises(ValueError, match="weight_grads=False computes the input gradient only"):
+            plan.backward(dy, tape, params, weight_grads=False, **bad)

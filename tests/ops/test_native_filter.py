@@ -65,7 +65,8 @@ def test_native_filter_within_the_sum_bound(case, view, threads, by_dx_rows):
     x, w, dy = arrays(case, view)
     parallel.set_num_threads(threads)
     try:
-        with native.use(True), mock.patch.object(cf, "by_dx_rows", lambda *a: by_dx_rows):
+        with native.use(True), mock.patch.object(cf, "by_dx_rows", lambda *a: by_dx_rows), \
+                mock.patch.object(cf, "whole_vectors", lambda *a: True):  # the kernels at any N, tails too
             got = passes(x, w, dy, size, stride, block)
         with native.use(False):
             exact = passes(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64), size, stride, block)
@@ -91,6 +92,31 @@ def test_paper_like_shape_with_chunked_rows(by_dx_rows):
         want = passes(x, w, dy, (6, 5), (2, 2), (2, 2))
     for g, e in zip(got, want):
         np.testing.assert_allclose(g, e, rtol=2e-5, atol=2e-5 * np.abs(e).max())
+
+
+@pytest.mark.parametrize("dtype, n, whole", [(np.float32, 1, False), (np.float32, 13, False), (np.float32, 16, True),
+                                             (np.float64, 4, True), (np.float64, 6, False)])
+def test_images_short_of_whole_vectors_take_the_numpy_path_for_forward_and_backward_data(dtype, n, whole):
+    """Where the images do not fill whole 32-byte vectors the native forward and backward-data
+    would run scalar tails (3-14x slower than BLAS), so the numpy path runs them; backward-weights
+    stays native (it vectorizes over the fields)."""
+    case = ((9, 8, 3, n), (3, 3), (2, 2), (1, 2), 3, dtype)
+    x, w, dy = arrays(case, view=False)
+    called = set()
+    real = native.kernel
+
+    def spy(name, dt):
+        k = real(name, dt)
+        return None if k is None else (lambda *a: called.add(name) or k(*a))
+
+    with native.use(True), mock.patch.object(cf.native, "kernel", spy):
+        got = passes(x, w, dy, (3, 3), (2, 2), (1, 2))
+    assert ("lc_fwd" in called) == whole and ("lc_bwd_data" in called or "lc_bwd_data_rows" in called) == whole
+    assert "lc_bwd_w" in called
+    with native.use(False):
+        want = passes(x, w, dy, (3, 3), (2, 2), (1, 2))
+    for g, e in zip(got, want):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5 * np.abs(e).max())
 
 
 def test_layouts_the_kernels_cannot_take_fall_back():
