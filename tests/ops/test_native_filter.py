@@ -98,7 +98,7 @@ def test_paper_like_shape_with_chunked_rows(by_dx_rows):
                                              (np.float64, 4, True), (np.float64, 6, False)])
 def test_images_short_of_whole_vectors_take_the_numpy_path_for_forward_and_backward_data(dtype, n, whole):
     """Where the images do not fill whole 32-byte vectors the native forward and backward-data
-    would run scalar tails (3-14x slower than BLAS), so the numpy path runs them; backward-weights
+    would run scalar tails (up to 14x slower than BLAS), so the numpy path runs them; backward-weights
     stays native (it vectorizes over the fields)."""
     case = ((9, 8, 3, n), (3, 3), (2, 2), (1, 2), 3, dtype)
     x, w, dy = arrays(case, view=False)

@@ -81,9 +81,10 @@ def _dy_sites(dy: np.ndarray, block: tuple[int, int], i0: int, i1: int, ws: Work
 def whole_vectors(n: int, dtype: Any) -> bool:
     """Whether ``n`` images fill whole 32-byte vectors, which the native forward and backward-data
     products need to beat BLAS: they vectorize over the images and leave the rest to scalar
-    loops, 3-7x slower than the numpy path with 4 images over (N = 12, 20, 36) and 2-14x at
-    N = 1, 2, 4 (an optimal stimulus runs one image).  Backward-weights vectorizes over the
-    fields instead and is native at any N."""
+    loops.  With 4 images over (N = 12, 20, 36) the native forward was 3.3-7x slower than the
+    numpy path and backward-data 1.1-4.2x; at N = 1-4 (an optimal stimulus runs one image)
+    forward 1.8-14x, backward-data from 1.3x faster to 10x slower.  Backward-weights vectorizes
+    over the fields instead and is native at any N."""
     return n * np.dtype(dtype).itemsize % 32 == 0
 
 
