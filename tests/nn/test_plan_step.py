@@ -37,6 +37,16 @@ def _images(plan, seed):
     return plan.input_array(data)
 
 
+def _taped(seed_x, seed_dy):
+    """A plan, its parameters, the tape of a forward pass and a random output gradient."""
+    _, plan, params = _plan()
+    x = _images(plan, seed_x)
+    _, tape = plan.forward(x, params)
+    dy = DistArray(x.comm, plan.output_shape, plan.output_owned, plan.output_owned,
+                   data=np.random.default_rng(seed_dy).standard_normal(plan.output_owned.shape).astype(np.float32))
+    return plan, params, tape, dy
+
+
 def _everything(plan, params, x, stage):
     """A whole forward and backward of the network, and a stage objective: every array kind the plan lends."""
     y, tape = plan.forward(x, params)
@@ -122,11 +132,7 @@ def test_outputs_lend_by_shape_and_let_go_of_what_a_step_did_not_use():
 def test_weight_gradients_into_kept_buffers_set_or_add():
     """``grads_into`` receives the weight gradients; ``accumulate=True`` adds them (the tied
     objective's decoder + encoder sum), bit for bit what adding the fresh gradients gives."""
-    _, plan, params = _plan()
-    x = _images(plan, 3)
-    y, tape = plan.forward(x, params)
-    dy = DistArray(x.comm, plan.output_shape, plan.output_owned, plan.output_owned,
-                   data=np.random.default_rng(4).standard_normal(plan.output_owned.shape).astype(np.float32))
+    plan, params, tape, dy = _taped(3, 4)
     _, fresh = plan.backward(dy, tape, params)
     start = {i: np.random.default_rng(i).standard_normal(g.shape).astype(np.float32) for i, g in fresh.items()}
     into = {i: s.copy() for i, s in start.items()}
@@ -144,11 +150,7 @@ def test_weight_gradients_into_kept_buffers_set_or_add():
 def test_input_gradient_alone_skips_the_weight_gradients(monkeypatch):
     """``weight_grads=False`` (an optimal stimulus): the same input gradient bit for bit, no weight
     gradient computed; it refuses what would need one."""
-    _, plan, params = _plan()
-    x = _images(plan, 5)
-    y, tape = plan.forward(x, params)
-    dy = DistArray(x.comm, plan.output_shape, plan.output_owned, plan.output_owned,
-                   data=np.random.default_rng(6).standard_normal(plan.output_owned.shape).astype(np.float32))
+    plan, params, tape, dy = _taped(5, 6)
     dx, grads = plan.backward(dy, tape, params)
     assert grads
     calls = []
