@@ -170,11 +170,39 @@ def test_backward_weights_accumulates_bitwise(case, view, threads, use_native):
     np.testing.assert_array_equal(out, start + fresh)
 
 
+@pytest.mark.parametrize("case", [
+    ((11, 10, 3, 37), (4, 3), (2, 1), (2, 1), 6, np.float32),  # M = 12 < N: by fields (T_s = X_s dY_s^T)
+    ((11, 10, 3, 16), (4, 3), (2, 1), (2, 2), 7, np.float32),  # M = 28 >= N: X_s^T packed in panels
+    ((9, 9, 2, 9), (3, 3), (2, 2), (1, 1), 8, np.float64),     # M = 8 < N = 9, float64
+], ids=["by-fields", "by-panels", "by-fields-f64"])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_backward_weights_both_ways_within_the_sum_bound(case, accumulate):
+    """The kernel's two ways (by fields where a site has fewer neurons than images, else by packed
+    panels of X_s^T), one pair and two, set and added, against the exact sum."""
+    (H, W, C, N), size, stride, block, K, dtype = case
+    x, w, dy = arrays(case, view=False, seed=4)
+    x2, _, dy2 = arrays(case, view=True, seed=5)
+    start = np.random.default_rng(6).standard_normal(w.shape).astype(dtype)
+    for also in (None, (x2, dy2)):
+        with native.use(True):
+            got = cf.filter_backward_weights(x, dy, size, stride, block, out=start.copy() if accumulate else None,
+                                             accumulate=accumulate, also=also)
+        pairs = [(x, dy)] + ([] if also is None else [also])
+        f64 = [(a.astype(np.float64), d.astype(np.float64)) for a, d in pairs]
+        with native.use(False):
+            exact = sum(cf.filter_backward_weights(a, d, size, stride, block) for a, d in f64)
+            terms = sum(cf.filter_backward_weights(np.abs(a), np.abs(d), size, stride, block) for a, d in f64)
+        if accumulate:
+            exact, terms = exact + start, terms + np.abs(start)
+        assert got.dtype == dtype
+        assert_within_sum_bound(got, exact, terms, len(pairs) * N + 1, dtype)
+
+
 @FUZZ
 @given(cases(), st.booleans(), st.booleans(), st.integers(1, 3))
 def test_backward_weights_of_two_pairs_in_one_pass(case, view, accumulate, threads):
-    """``also=(x2, dy2)``: the native kernel sums both products in one reduction of 2N (within a
-    sum's bound of the exact result); the numpy path adds the second product to the first,
+    """``also=(x2, dy2)``: the native kernel sums both products in one reduction of 2N, or by fields
+    adds the second to the first before the transpose (within a sum's bound of the exact result); the numpy path adds the second product to the first,
     exactly as two calls would.  x2 may be a view where x is not."""
     (H, W, C, N), size, stride, block, K, dtype = case
     x, w, dy = arrays(case, view)

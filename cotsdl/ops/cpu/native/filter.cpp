@@ -15,7 +15,10 @@
 //   backward-weights  dW_s (+)= dY_s X_s^T     rows m, columns k, reduction over n
 // Backward-weights packs dY_s^T (N x M) and X_s^T (panels of 2L field rows, n-major) per
 // site into the caller's scratch; with `add` it adds to dW, and with a second pair (x2, dy2)
-// it sums both products in one reduction (a tied autoencoder's two weight gradients).
+// it sums both products in one reduction (a tied autoencoder's two weight gradients).  Where
+// a site has fewer neurons than images (M < N) it goes by fields instead: T_s = X_s dY_s^T
+// (R x M) with X_s read in place like forward, then dW_s = T_s^T by L x L register
+// transposes, which copies R*M numbers a site instead of packing R*N (lc_bwd_w_fields).
 //
 // Backward-data by rows of dx (lc_bwd_data_rows) instead sums each dx number over all the
 // sites covering it in registers and stores it once; Python picks one of the two ways by a
@@ -476,6 +479,76 @@ void lc_bwd_w(const Pair<T>* pairs, idx np, idx C, idx N, idx rh, idx rw, idx sh
   }
 }
 
+// dW_s (M x R) (+)= an L x L-blocked transpose of T_s (R x M, rows t[k]).
+template <class T, Out O>
+void transpose_into(T* const* t, idx R, idx M, T* dws) {
+  using V = typename Vec<T>::type;
+  constexpr int L = Vec<T>::L;
+  idx k0 = 0;
+  for (; k0 + L <= R; k0 += L) {
+    idx m = 0;
+    for (; m + L <= M; m += L) {
+      V blk[L];
+      for (int i = 0; i < L; ++i) blk[i] = load<T>(t[k0 + i] + m);
+      transpose(blk);
+      for (int l = 0; l < L; ++l) {
+        T* p = dws + (m + l) * R + k0;
+        store<T>(p, O == ADD ? load<T>(p) + blk[l] : blk[l]);
+      }
+    }
+    for (; m < M; ++m)
+      for (int i = 0; i < L; ++i) {
+        T& out = dws[m * R + k0 + i];
+        out = O == ADD ? out + t[k0 + i][m] : t[k0 + i][m];
+      }
+  }
+  for (; k0 < R; ++k0)
+    for (idx m = 0; m < M; ++m) {
+      T& out = dws[m * R + k0];
+      out = O == ADD ? out + t[k0][m] : t[k0][m];
+    }
+}
+
+// Backward-weights by fields, where a site has fewer neurons than images (M < N): T_s = X_s dY_s^T
+// (R x M) with rows k, columns m and a reduction over n, X_s's field rows read where they lie in x
+// (as forward reads them) and only dY_s^T (N x M) packed; then dW_s = T_s^T.  A site copies R*M
+// numbers in the transpose instead of packing R*N for X_s^T (shape A: 4x fewer).  Two pairs: the
+// second's product is added to T_s before the transpose, so dW is still written once.
+template <class T, Out O>
+void lc_bwd_w_fields(const Pair<T>* pairs, idx np, idx C, idx N, idx rh, idx rw, idx sh, idx sw, idx SW, idx bh,
+                     idx bw, idx K, T* dw, T* scratch, idx s0, idx s1) {
+  const idx R = rh * rw * C, M = bh * bw * K;
+  std::vector<std::vector<idx>> xoff, dyoff;
+  for (idx t = 0; t < np; ++t) {
+    xoff.push_back(field_offsets(rh, rw, C, pairs[t].sx0, pairs[t].sx1, pairs[t].sx2));
+    dyoff.push_back(field_offsets(bh, bw, K, pairs[t].sd0, pairs[t].sd1, pairs[t].sd2));
+  }
+  std::vector<idx> boff(N);
+  for (idx n = 0; n < N; ++n) boff[n] = n * M;
+  std::vector<const T*> a(R);
+  std::vector<T*> c(R);
+  T* dyt = scratch;          // dY_s^T, N x M
+  T* ts = scratch + N * M;   // T_s, R x M
+  for (idx k = 0; k < R; ++k) c[k] = ts + k * M;
+  for (idx s = s0; s < s1; ++s) {
+    const idx i = s / SW, j = s % SW;
+    for (idx t = 0; t < np; ++t) {
+      const Pair<T>& pr = pairs[t];
+      const T* xb = pr.x + i * sh * pr.sx0 + j * sw * pr.sx1;
+      const T* db = pr.dy + i * bh * pr.sd0 + j * bw * pr.sd1;
+      for (idx m = 0; m < M; ++m)
+        for (idx n = 0; n < N; ++n) dyt[n * M + m] = db[dyoff[t][m] + n];
+      for (idx k = 0; k < R; ++k) a[k] = xb + xoff[t][k];
+      const Product<T> P{a.data(), nullptr, 0, dyt, boff.data(), c.data()};
+      if (t == 0)
+        rows_of<T, SET>(Span<T>{P, 0, N}, 0, R, 0, M);
+      else
+        rows_of<T, ADD>(Span<T>{P, 0, N}, 0, R, 0, M);
+    }
+    transpose_into<T, O>(c.data(), R, M, dw + s * M * R);
+  }
+}
+
 }  // namespace
 
 #define COTSDL_EXPORT extern "C" __attribute__((visibility("default")))
@@ -504,7 +577,8 @@ void lc_bwd_w(const Pair<T>* pairs, idx np, idx C, idx N, idx rh, idx rw, idx sh
                                          idx sw, idx SW, idx bh, idx bw, idx K, T* dw, idx add, T* scratch,      \
                                          idx s0, idx s1) {                                                       \
     const Pair<T> pairs[2] = {{x, sx0, sx1, sx2, dy, sd0, sd1, sd2}, {x2, sx20, sx21, sx22, dy2, sd20, sd21, sd22}}; \
-    (add ? lc_bwd_w<T, ADD> : lc_bwd_w<T, SET>)(pairs, x2 ? 2 : 1, C, N, rh, rw, sh, sw, SW, bh, bw, K, dw,      \
+    (bh * bw * K < N ? (add ? lc_bwd_w_fields<T, ADD> : lc_bwd_w_fields<T, SET>)                            \
+     : (add ? lc_bwd_w<T, ADD> : lc_bwd_w<T, SET>))(pairs, x2 ? 2 : 1, C, N, rh, rw, sh, sw, SW, bh, bw, K, dw,   \
                                                scratch, s0, s1);                                                \
   }
 
