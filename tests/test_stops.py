@@ -6,6 +6,7 @@ import sys
 import weakref
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cotsdl import stops
@@ -105,3 +106,23 @@ def test_prepare_data_stops_even_when_the_signal_lands_in_a_callback(tmp_path, c
     assert err.count("cotsdl: stopped by SIGTERM: nothing was written") == 1 and "Exception ignored" not in err
     assert not list(tmp_path.iterdir())
     assert stops.pending() is None
+
+
+def test_a_stop_swallowed_while_hdf5_closes_the_file_still_keeps_it_unpublished(tmp_path, monkeypatch):
+    """The check before the rename comes after HDF5's own work, where callbacks run."""
+    from cotsdl.io.dataset import DatasetWriter
+
+    exc = Stop("sigterm")
+    w = DatasetWriter(tmp_path / "d.h5", 2, (4, 4), np.float32)
+    w.add(np.zeros((2, 4, 4), np.float32))
+    real_close = w._file.close
+
+    def close_and_swallow():
+        raised_inside_a_weakref_callback(exc)
+        real_close()
+
+    monkeypatch.setattr(w._file, "close", close_and_swallow)
+    with pytest.raises(Stop):
+        with w:
+            pass
+    assert not list(tmp_path.iterdir())

@@ -89,7 +89,7 @@ def stop_on_signals() -> None:
               "was left half-written", file=sys.stderr, flush=True)
         stops.raise_stop(SystemExit(128 + signum))  # re-raised at the next progress update if a callback swallows it
 
-    stops.clear()  # a command starts: no stop of an earlier one (in the same process) is pending
+    stops.clear()  # installed: no stop of an earlier call in this process (main() in a test) is pending
     for sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, stop)
     # Held while the program imports (numpy, h5py, the commands): an exception raised inside an

@@ -182,11 +182,11 @@ def run(args) -> int:
         print(f"cotsdl: error: {e}", file=sys.stderr, flush=True)
         return 1 if isinstance(e, DiskError) else 2  # a write that failed is the machine's, not bad input
     except Stopped as e:
-        stops.clear()
         sig = signal.Signals(e.args[0])
         print(f"cotsdl: stopped by {sig.name}: nothing was written (no partial file is left)", file=sys.stderr,
               flush=True)
         return 128 + sig.value
     finally:
+        stops.clear()  # handled, or too late to matter: nothing pending outlives the command
         for sig, handler in old.items():
             signal.signal(sig, handler)

@@ -193,13 +193,13 @@ class DatasetWriter:
 
     def close(self) -> Path:
         """Finish the file and move it into place (not after a stop signal, even a swallowed one)."""
-        stops.checkpoint()
         if self.n != self.count:
             raise DatasetError(f"{self.path}: {self.n} images written, {self.count} announced")
         self._file.create_dataset("image_mean", data=self._mean)
         self._file.create_dataset("image_std", data=self._std)
         self._file.close()
         os.chmod(self._tmp, 0o644)
+        stops.checkpoint()  # last, after HDF5's own work (where callbacks run and may swallow a stop)
         try:
             os.replace(self._tmp, self.path)
         except OSError as e:

@@ -132,7 +132,8 @@ class NetworkPlan:
         """One training step: inside it, windows, layer results and the sums sent back come from
         memory lent for the step and taken back when the next ``step()`` begins, the same memory
         every step (:class:`~cotsdl.ops.Outputs`).  So arrays made inside one step (tapes, outputs,
-        input gradients) are valid until the next step begins; copy what must live longer.
+        input gradients, weight gradients not written into ``grads_into``) are valid until the next
+        step begins; copy what must live longer.
         Outside a step every array is new.  Nested calls are part of the outer step."""
         with self.outputs.step():
             yield

@@ -83,7 +83,8 @@ def local_filter_backward_data(dy, w, stride, block=(1, 1), *, input_shape: Sequ
 def local_filter_backward_weights(x, dy, size, stride, block=(1, 1), *, workspace=None, out=None,
                                   accumulate=False, also=None):
     """Gradient w.r.t. the weights, (SH, SW, M, rh, rw, C); written into ``out`` when given (a
-    buffer the caller keeps from step to step: the paper's layer has 0.8 GB of weights).
+    buffer the caller keeps from step to step: the paper's layer has 0.8 GB of weights), else a
+    result array like the other passes' (lent by ``workspace``'s outputs during a step).
 
     ``accumulate``: add the gradient to ``out`` instead.  ``also=(x2, dy2)``: a second pair of
     the same shapes, whose gradient is added in the same pass (a tied autoencoder's encoder
