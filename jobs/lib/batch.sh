@@ -121,6 +121,22 @@ cotsdl_report_mpi() {
     fi
 }
 
+# COTSDL_STATUS := the exit status of the exited child $1.  A trapped signal during `wait` makes
+# it return 128 + the signal at once, before it collects the status, even when the child has
+# already exited (bash longjmps out of the builtin; CI saw 143 for a launcher that exited 5).
+# So 138 and 143 are asked again: the real status comes, or 127 where the first wait had
+# collected it (then that one was real).
+_cotsdl_wait_status() {
+    local s
+    COTSDL_STATUS=
+    while :; do
+        if wait "$1"; then s=0; else s=$?; fi
+        if [ "$s" = 127 ] && [ -n "$COTSDL_STATUS" ]; then break; fi
+        COTSDL_STATUS=$s
+        case $s in 138|143) ;; *) break ;; esac
+    done
+}
+
 cotsdl_launch() {
     if [ -n "$COTSDL_FORWARDED" ]; then
         cotsdl_log "not launched: a checkpoint request arrived during the setup"
@@ -146,7 +162,7 @@ cotsdl_launch() {
     while kill -0 "$_cotsdl_child" 2>/dev/null; do
         sleep "${COTSDL_POLL_SECONDS:-1}" || true
     done
-    if wait "$_cotsdl_child"; then COTSDL_STATUS=0; else COTSDL_STATUS=$?; fi
+    _cotsdl_wait_status "$_cotsdl_child"
     _cotsdl_child=
     cotsdl_log "the launcher exited with status $COTSDL_STATUS"
 }
