@@ -171,14 +171,15 @@ def test_backward_weights_accumulates_bitwise(case, view, threads, use_native):
 
 
 @pytest.mark.parametrize("case", [
-    ((11, 10, 3, 37), (4, 3), (2, 1), (2, 1), 6, np.float32),  # M = 12 < N: by fields (T_s = X_s dY_s^T)
+    ((11, 10, 3, 37), (4, 3), (2, 1), (2, 1), 8, np.float32),  # M = 16 < N: by fields (T_s = X_s dY_s^T)
+    ((11, 10, 3, 37), (4, 3), (2, 1), (2, 1), 6, np.float32),  # M = 12 < N, not whole vectors: panels
     ((11, 10, 3, 16), (4, 3), (2, 1), (2, 2), 7, np.float32),  # M = 28 >= N: X_s^T packed in panels
-    ((9, 9, 2, 9), (3, 3), (2, 2), (1, 1), 8, np.float64),     # M = 8 < N = 9, float64
-], ids=["by-fields", "by-panels", "by-fields-f64"])
+    ((9, 9, 2, 9), (3, 3), (2, 2), (1, 1), 8, np.float64),     # M = 8 < N = 9, float64: by fields
+], ids=["by-fields", "by-panels-partial-vectors", "by-panels", "by-fields-f64"])
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_backward_weights_both_ways_within_the_sum_bound(case, accumulate):
-    """The kernel's two ways (by fields where a site has fewer neurons than images, else by packed
-    panels of X_s^T), one pair and two, set and added, against the exact sum."""
+    """The kernel's two ways (by fields where a site has fewer neurons than images, in whole
+    vectors, else by packed panels of X_s^T), one pair and two, set and added, against the exact sum."""
     (H, W, C, N), size, stride, block, K, dtype = case
     x, w, dy = arrays(case, view=False, seed=4)
     x2, _, dy2 = arrays(case, view=True, seed=5)

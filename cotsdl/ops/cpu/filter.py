@@ -84,7 +84,7 @@ def whole_vectors(n: int, dtype: Any) -> bool:
     loops.  With 4 images over (N = 12, 20, 36) the native forward was 3.3-7x slower than the
     numpy path and backward-data 1.1-4.2x; at N = 1-4 (an optimal stimulus runs one image)
     forward 1.8-14x, backward-data from 1.3x faster to 10x slower.  Backward-weights vectorizes
-    over the fields instead and is native at any N."""
+    over the fields (or, by fields, over whole vectors of neurons) and is native at any N."""
     return n * np.dtype(dtype).itemsize % 32 == 0
 
 
