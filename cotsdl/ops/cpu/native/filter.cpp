@@ -421,6 +421,32 @@ struct Pair {
   idx sd0, sd1, sd2;
 };
 
+// The pairs' offsets, and per site and pair what both ways of backward-weights start from:
+// dY_s^T packed (N x M, row n at dyt + n*M) and the pointers to X_s's field rows.
+template <class T>
+struct SitePairs {
+  const Pair<T>* pairs;
+  idx N, M, R, sh, sw, bh, bw, SW;
+  std::vector<std::vector<idx>> xoff, dyoff;
+  SitePairs(const Pair<T>* p, idx np, idx C, idx n, idx rh, idx rw, idx sh_, idx sw_, idx SW_, idx bh_, idx bw_,
+            idx K)
+      : pairs(p), N(n), M(bh_ * bw_ * K), R(rh * rw * C), sh(sh_), sw(sw_), bh(bh_), bw(bw_), SW(SW_) {
+    for (idx t = 0; t < np; ++t) {
+      xoff.push_back(field_offsets(rh, rw, C, p[t].sx0, p[t].sx1, p[t].sx2));
+      dyoff.push_back(field_offsets(bh, bw, K, p[t].sd0, p[t].sd1, p[t].sd2));
+    }
+  }
+  void load(idx s, idx t, T* dyt, const T** a) const {
+    const idx i = s / SW, j = s % SW;
+    const Pair<T>& pr = pairs[t];
+    const T* xb = pr.x + i * sh * pr.sx0 + j * sw * pr.sx1;
+    const T* db = pr.dy + i * bh * pr.sd0 + j * bw * pr.sd1;
+    for (idx m = 0; m < M; ++m)
+      for (idx n = 0; n < N; ++n) dyt[n * M + m] = db[dyoff[t][m] + n];
+    for (idx k = 0; k < R; ++k) a[k] = xb + xoff[t][k];
+  }
+};
+
 // dW_s (M x R) = sum over the pairs of dY_s X_s^T, as the 6 x 2L tiles of the other passes:
 // rows m, columns r, a reduction over the pairs' n (np * N long).  A = the dY_s^T packed
 // one under the other, (np N) x M (A(m, n) = dyt[n*M + m]); B = the X_s^T likewise, in panels
@@ -433,11 +459,7 @@ void lc_bwd_w(const Pair<T>* pairs, idx np, idx C, idx N, idx rh, idx rw, idx sh
               idx K, T* dw, T* scratch, idx s0, idx s1) {
   constexpr int L = Vec<T>::L, B = 2 * L;
   const idx R = rh * rw * C, M = bh * bw * K, panels = (R + B - 1) / B, NN = np * N;
-  std::vector<std::vector<idx>> xoff, dyoff;
-  for (idx t = 0; t < np; ++t) {
-    xoff.push_back(field_offsets(rh, rw, C, pairs[t].sx0, pairs[t].sx1, pairs[t].sx2));
-    dyoff.push_back(field_offsets(bh, bw, K, pairs[t].sd0, pairs[t].sd1, pairs[t].sd2));
-  }
+  const SitePairs<T> site(pairs, np, C, N, rh, rw, sh, sw, SW, bh, bw, K);
   std::vector<idx> boff(NN);
   for (idx n = 0; n < NN; ++n) boff[n] = n * B;
   std::vector<const T*> a(R);
@@ -445,14 +467,8 @@ void lc_bwd_w(const Pair<T>* pairs, idx np, idx C, idx N, idx rh, idx rw, idx sh
   T* dyt = scratch;          // dY_s^T, NN x M
   T* pk = scratch + NN * M;  // X_s^T in panels of B rows: panels x NN x B
   for (idx s = s0; s < s1; ++s) {
-    const idx i = s / SW, j = s % SW;
     for (idx t = 0; t < np; ++t) {
-      const Pair<T>& pr = pairs[t];
-      const T* xb = pr.x + i * sh * pr.sx0 + j * sw * pr.sx1;
-      const T* db = pr.dy + i * bh * pr.sd0 + j * bw * pr.sd1;
-      for (idx m = 0; m < M; ++m)
-        for (idx n = 0; n < N; ++n) dyt[(t * N + n) * M + m] = db[dyoff[t][m] + n];
-      for (idx k = 0; k < R; ++k) a[k] = xb + xoff[t][k];
+      site.load(s, t, dyt + t * N * M, a.data());
       for (idx k = 0; k < R; k += L) {
         T* p = pk + (k / B) * NN * B + t * N * B + k % B;
         if (k + L <= R) {
@@ -518,11 +534,7 @@ template <class T, Out O>
 void lc_bwd_w_fields(const Pair<T>* pairs, idx np, idx C, idx N, idx rh, idx rw, idx sh, idx sw, idx SW, idx bh,
                      idx bw, idx K, T* dw, T* scratch, idx s0, idx s1) {
   const idx R = rh * rw * C, M = bh * bw * K;
-  std::vector<std::vector<idx>> xoff, dyoff;
-  for (idx t = 0; t < np; ++t) {
-    xoff.push_back(field_offsets(rh, rw, C, pairs[t].sx0, pairs[t].sx1, pairs[t].sx2));
-    dyoff.push_back(field_offsets(bh, bw, K, pairs[t].sd0, pairs[t].sd1, pairs[t].sd2));
-  }
+  const SitePairs<T> site(pairs, np, C, N, rh, rw, sh, sw, SW, bh, bw, K);
   std::vector<idx> boff(N);
   for (idx n = 0; n < N; ++n) boff[n] = n * M;
   std::vector<const T*> a(R);
@@ -531,14 +543,8 @@ void lc_bwd_w_fields(const Pair<T>* pairs, idx np, idx C, idx N, idx rh, idx rw,
   T* ts = scratch + N * M;   // T_s, R x M
   for (idx k = 0; k < R; ++k) c[k] = ts + k * M;
   for (idx s = s0; s < s1; ++s) {
-    const idx i = s / SW, j = s % SW;
     for (idx t = 0; t < np; ++t) {
-      const Pair<T>& pr = pairs[t];
-      const T* xb = pr.x + i * sh * pr.sx0 + j * sw * pr.sx1;
-      const T* db = pr.dy + i * bh * pr.sd0 + j * bw * pr.sd1;
-      for (idx m = 0; m < M; ++m)
-        for (idx n = 0; n < N; ++n) dyt[n * M + m] = db[dyoff[t][m] + n];
-      for (idx k = 0; k < R; ++k) a[k] = xb + xoff[t][k];
+      site.load(s, t, dyt, a.data());
       const Product<T> P{a.data(), nullptr, 0, dyt, boff.data(), c.data()};
       if (t == 0)
         rows_of<T, SET>(Span<T>{P, 0, N}, 0, R, 0, M);
