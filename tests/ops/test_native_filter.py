@@ -170,6 +170,13 @@ def test_backward_weights_accumulates_bitwise(case, view, threads, use_native):
     np.testing.assert_array_equal(out, start + fresh)
 
 
+@pytest.mark.parametrize("M, N, dtype, fields", [(16, 37, np.float32, True), (12, 37, np.float32, False),
+                                                (28, 16, np.float32, False), (32, 32, np.float32, False),
+                                                (8, 9, np.float64, True), (6, 9, np.float64, False)])
+def test_backward_weights_goes_by_fields_with_fewer_neurons_than_images_in_whole_vectors(M, N, dtype, fields):
+    assert cf.by_fields(M, N, dtype) is fields
+
+
 @pytest.mark.parametrize("case", [
     ((11, 10, 3, 37), (4, 3), (2, 1), (2, 1), 8, np.float32),  # M = 16 < N: by fields (T_s = X_s dY_s^T)
     ((11, 10, 3, 37), (4, 3), (2, 1), (2, 1), 6, np.float32),  # M = 12 < N, not whole vectors: panels
@@ -177,15 +184,18 @@ def test_backward_weights_accumulates_bitwise(case, view, threads, use_native):
     ((9, 9, 2, 9), (3, 3), (2, 2), (1, 1), 8, np.float64),     # M = 8 < N = 9, float64: by fields
 ], ids=["by-fields", "by-panels-partial-vectors", "by-panels", "by-fields-f64"])
 @pytest.mark.parametrize("accumulate", [False, True])
-def test_backward_weights_both_ways_within_the_sum_bound(case, accumulate):
+@pytest.mark.parametrize("way", [None, False, True], ids=["chosen", "panels-forced", "fields-forced"])
+def test_backward_weights_both_ways_within_the_sum_bound(case, accumulate, way):
     """The kernel's two ways (by fields where a site has fewer neurons than images, in whole
-    vectors, else by packed panels of X_s^T), one pair and two, set and added, against the exact sum."""
+    vectors, else by packed panels of X_s^T), as chosen and each forced on every case (tails of
+    either dimension), one pair and two, set and added, against the exact sum."""
     (H, W, C, N), size, stride, block, K, dtype = case
     x, w, dy = arrays(case, view=False, seed=4)
     x2, _, dy2 = arrays(case, view=True, seed=5)
     start = np.random.default_rng(6).standard_normal(w.shape).astype(dtype)
+    choose = cf.by_fields if way is None else (lambda *a: way)
     for also in (None, (x2, dy2)):
-        with native.use(True):
+        with native.use(True), mock.patch.object(cf, "by_fields", choose):
             got = cf.filter_backward_weights(x, dy, size, stride, block, out=start.copy() if accumulate else None,
                                              accumulate=accumulate, also=also)
         pairs = [(x, dy)] + ([] if also is None else [also])

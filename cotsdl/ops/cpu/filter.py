@@ -78,14 +78,25 @@ def _dy_sites(dy: np.ndarray, block: tuple[int, int], i0: int, i1: int, ws: Work
     return band.reshape(n * (W // bw), bh * bw * K, N)
 
 
+#: The native kernels' vector (filter.cpp's ``Vec``: 32-byte GCC vectors).
+VECTOR_BYTES = 32
+
+
 def whole_vectors(n: int, dtype: Any) -> bool:
-    """Whether ``n`` images fill whole 32-byte vectors, which the native forward and backward-data
-    products need to beat BLAS: they vectorize over the images and leave the rest to scalar
-    loops.  With 4 images over (N = 12, 20, 36) the native forward was 3.3-7x slower than the
-    numpy path and backward-data 1.1-4.2x; at N = 1-4 (an optimal stimulus runs one image)
-    forward 1.8-14x, backward-data from 1.3x faster to 10x slower.  Backward-weights vectorizes
-    over the fields (or, by fields, over whole vectors of neurons) and is native at any N."""
-    return n * np.dtype(dtype).itemsize % 32 == 0
+    """Whether ``n`` numbers of ``dtype`` fill whole native vectors.  The native forward and
+    backward-data vectorize over the images and need it to beat BLAS (the rest went to scalar
+    loops: with 4 images over, N = 12, 20, 36, forward was 3.3-7x slower than the numpy path and
+    backward-data 1.1-4.2x; at N = 1-4, as an optimal stimulus runs, forward 1.8-14x and
+    backward-data from 1.3x faster to 10x slower).  Backward-weights is native at any N."""
+    return n * np.dtype(dtype).itemsize % VECTOR_BYTES == 0
+
+
+def by_fields(M: int, N: int, dtype: Any) -> bool:
+    """Whether the native backward-weights goes by fields (T_s = X_s dY_s^T, transposed into dW:
+    R*M numbers copied a site) rather than by panels (X_s^T packed: R*N): fewer neurons than
+    images, in whole vectors, since they are its vector dimension.  By fields against panels:
+    A 1.09-1.12x, C 1.09-1.19x; with M = N (B) 0.95-0.98; with M = 4 or 12 4-9x slower."""
+    return M < N and whole_vectors(M, dtype)
 
 
 def filter_forward(x: np.ndarray, w: np.ndarray, stride: tuple[int, int], block: tuple[int, int],
@@ -216,15 +227,18 @@ def filter_backward_weights(x: np.ndarray, dy: np.ndarray, size: tuple[int, int]
     kern, sx = native.kernel("lc_bwd_w", x.dtype), [native.strides(a, 1) for a, _ in pairs]
     if (kern is not None and None not in sx and all(d.dtype == x.dtype for _, d in pairs)
             and (out is None or out.flags.c_contiguous)):
-        sd, panel = [native.strides(d, 1) for _, d in pairs], 64 // x.dtype.itemsize
+        sd, panel = [native.strides(d, 1) for _, d in pairs], 2 * VECTOR_BYTES // x.dtype.itemsize
         # the second pair's arguments, or a null pair
         second = (pairs[1][0], *sx[1], pairs[1][1], *sd[1]) if also is not None else (None, 0, 0, 0, None, 0, 0, 0)
+        fields = int(by_fields(M, N, x.dtype))
 
         def sites_(s0: int, s1: int) -> None:
-            # dY_s^T, and X_s^T in panels of two 32-byte vectors of field rows, per pair (filter.cpp)
-            scratch = ws.get("lc_bwd_w", (len(pairs) * N * (M + -(-R // panel) * panel),), x.dtype)
-            kern(x, *sx[0], C, N, dy, *sd[0], *second, rh, rw, *stride, SW, bh, bw, K, dw, int(accumulate), scratch,
-                 s0, s1)
+            # by fields dY_s^T and T_s; else dY_s^T and X_s^T in panels of two vectors of field
+            # rows, per pair (filter.cpp)
+            size = N * M + R * M if fields else len(pairs) * N * (M + -(-R // panel) * panel)
+            scratch = ws.get("lc_bwd_w", (size,), x.dtype)
+            kern(x, *sx[0], C, N, dy, *sd[0], *second, rh, rw, *stride, SW, bh, bw, K, dw, int(accumulate), fields,
+                 scratch, s0, s1)
         run_split(SH * SW, sites_)
         return dw.reshape(SH, SW, M, rh, rw, C) if out is None else out
     p6s = [(_patches(a, size, stride, (SH, SW)), d) for a, d in pairs]

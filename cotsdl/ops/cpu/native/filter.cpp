@@ -15,10 +15,11 @@
 //   backward-weights  dW_s (+)= dY_s X_s^T     rows m, columns k, reduction over n
 // Backward-weights packs dY_s^T (N x M) and X_s^T (panels of 2L field rows, n-major) per
 // site into the caller's scratch; with `add` it adds to dW, and with a second pair (x2, dy2)
-// it sums both products in one reduction (a tied autoencoder's two weight gradients).  Where
-// a site has fewer neurons than images, in whole vectors (M < N, M % L == 0), it goes by fields instead: T_s = X_s dY_s^T
-// (R x M) with X_s read in place like forward, then dW_s = T_s^T by L x L register
-// transposes, which copies R*M numbers a site instead of packing R*N (lc_bwd_w_fields).
+// it sums both products in one reduction (a tied autoencoder's two weight gradients).  With
+// `fields` (ops/cpu/filter.by_fields: fewer neurons than images, in whole vectors) it goes by
+// fields instead: T_s = X_s dY_s^T (R x M) with X_s read in place like forward, then
+// dW_s = T_s^T by L x L register transposes, which copies R*M numbers a site instead of
+// packing R*N (lc_bwd_w_fields).
 //
 // Backward-data by rows of dx (lc_bwd_data_rows) instead sums each dx number over all the
 // sites covering it in registers and stores it once; Python picks one of the two ways by a
@@ -525,7 +526,7 @@ void transpose_into(T* const* t, idx R, idx M, T* dws) {
     }
 }
 
-// Backward-weights by fields, where a site has fewer neurons than images (by_fields): T_s = X_s dY_s^T
+// Backward-weights by fields, where the caller chooses it (ops/cpu/filter.by_fields): T_s = X_s dY_s^T
 // (R x M) with rows k, columns m and a reduction over n, X_s's field rows read where they lie in x
 // (as forward reads them) and only dY_s^T (N x M) packed; then dW_s = T_s^T.  A site copies R*M
 // numbers in the transpose instead of packing R*N for X_s^T (shape A: 4x fewer).  Two pairs: the
@@ -555,13 +556,6 @@ void lc_bwd_w_fields(const Pair<T>* pairs, idx np, idx C, idx N, idx rh, idx rw,
   }
 }
 
-// Backward-weights by fields: fewer neurons than images, and whole vectors of them (the neurons
-// are its vector dimension; with M = 4 or 12 the scalar column tails made it 4-9x slower).
-template <class T>
-bool by_fields(idx M, idx N) {
-  return M < N && M % Vec<T>::L == 0;
-}
-
 }  // namespace
 
 #define COTSDL_EXPORT extern "C" __attribute__((visibility("default")))
@@ -587,10 +581,10 @@ bool by_fields(idx M, idx N) {
   COTSDL_EXPORT void cotsdl_lc_bwd_w_##S(const T* x, idx sx0, idx sx1, idx sx2, idx C, idx N, const T* dy,       \
                                          idx sd0, idx sd1, idx sd2, const T* x2, idx sx20, idx sx21, idx sx22,   \
                                          const T* dy2, idx sd20, idx sd21, idx sd22, idx rh, idx rw, idx sh,     \
-                                         idx sw, idx SW, idx bh, idx bw, idx K, T* dw, idx add, T* scratch,      \
-                                         idx s0, idx s1) {                                                       \
+                                         idx sw, idx SW, idx bh, idx bw, idx K, T* dw, idx add, idx fields,      \
+                                         T* scratch, idx s0, idx s1) {                                           \
     const Pair<T> pairs[2] = {{x, sx0, sx1, sx2, dy, sd0, sd1, sd2}, {x2, sx20, sx21, sx22, dy2, sd20, sd21, sd22}}; \
-    (by_fields<T>(bh * bw * K, N) ? (add ? lc_bwd_w_fields<T, ADD> : lc_bwd_w_fields<T, SET>)              \
+    (fields ? (add ? lc_bwd_w_fields<T, ADD> : lc_bwd_w_fields<T, SET>)                                     \
      : (add ? lc_bwd_w<T, ADD> : lc_bwd_w<T, SET>))(pairs, x2 ? 2 : 1, C, N, rh, rw, sh, sw, SW, bh, bw, K, dw,   \
                                                scratch, s0, s1);                                                \
   }
