@@ -164,7 +164,6 @@ def run(args) -> int:
     def stop(signum, frame):  # unwind: the writers remove their temporary files on the way out
         stops.raise_stop(Stopped(signum))  # remembered: re-raised at the next batch if a callback swallows it
 
-    stops.clear()
     old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         if args.builder == "stats":
