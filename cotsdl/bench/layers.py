@@ -17,7 +17,9 @@ backward) on the filter's output, by the minimum bytes of :mod:`cotsdl.ops.costs
 - ``--backend cuda``: CuPy arrays on the GPU; the ceilings are the device's fp32 peak
   (SMs x FP32 lanes x 2 x clock, from the device properties) and cuBLAS sgemm 8192^3
   measured in the same run; the paper-sized layer (200x200x3 input, 18x18 fields,
-  stride 2, blocks of 4x4x8 neurons, N = 96) is added.
+  stride 2, blocks of 4x4x8 neurons, N = 96) is added.  Each filter pass is set beside
+  its batched products alone in one cuBLAS strided-batched call (``cupy.matmul``), and
+  the JSON gives its fraction of the measured cuBLAS sgemm too.
 - ``--backend cuda-emu``: one tiny shape through the emulated kernels (it proves the
   path; the numbers mean nothing).
 """
@@ -125,18 +127,29 @@ def device_ceilings(repeats: int = 5) -> dict[str, float]:
     return {"name": name.decode() if isinstance(name, bytes) else str(name), "compute_capability": f"{major}.{minor}",
             "fp32_peak_GFLOPs": peak, "memory_GBps": bw, "cublas_sgemm_GFLOPs": gemm}
 
-def matmul_alone(name: str, x: np.ndarray, w: np.ndarray, dy: np.ndarray, sh: Shape) -> Callable[[], None]:
+def matmul_alone(name: str, x: Any, w: Any, dy: Any, sh: Shape) -> Callable[[], None]:
     """The filter pass's batched products alone, on operands already in the GEMM's layout and into a
-    preallocated output, over the same threads and bands as ours: what numpy's BLAS gives these shapes."""
+    preallocated output: what the array library's BLAS gives these shapes.
+
+    On the host, numpy over the same threads and bands as ours; on the device, one cuBLAS
+    strided-batched product (``cupy.matmul``) over all sites.
+    """
     SH = SW = sh.sites
     M, R, N = w.shape[2], w.shape[3] * w.shape[4] * w.shape[5], sh.N
-    rng = np.random.default_rng(1)
-    X = rng.standard_normal((SH * SW, R, N), dtype=np.float32).astype(x.dtype)
-    D = rng.standard_normal((SH * SW, M, N), dtype=np.float32).astype(x.dtype)
+    xp = backend.array_module(x)
+    if xp is np:
+        rng = np.random.default_rng(1)
+        X = rng.standard_normal((SH * SW, R, N), dtype=np.float32).astype(x.dtype)
+        D = rng.standard_normal((SH * SW, M, N), dtype=np.float32).astype(x.dtype)
+    else:  # drawn on the device: the paper shape's gathered patches are 3 GB
+        X = xp.random.standard_normal((SH * SW, R, N), dtype=np.float32).astype(x.dtype)
+        D = xp.random.standard_normal((SH * SW, M, N), dtype=np.float32).astype(x.dtype)
     W = w.reshape(SH * SW, M, R)
-    a, b, out = {"filter_forward": (W, X, np.empty((SH * SW, M, N), x.dtype)),
-                 "filter_bwd_data": (W.transpose(0, 2, 1), D, np.empty((SH * SW, R, N), x.dtype)),
-                 "filter_bwd_weights": (D, X.transpose(0, 2, 1), np.empty((SH * SW, M, R), x.dtype))}[name]
+    a, b, out = {"filter_forward": (W, X, xp.empty((SH * SW, M, N), x.dtype)),
+                 "filter_bwd_data": (W.transpose(0, 2, 1), D, xp.empty((SH * SW, R, N), x.dtype)),
+                 "filter_bwd_weights": (D, X.transpose(0, 2, 1), xp.empty((SH * SW, M, R), x.dtype))}[name]
+    if xp is not np:
+        return lambda: xp.matmul(a, b, out=out)
     bounds = chunk_bounds(SH, SW * R * N * x.dtype.itemsize)
 
     def work(i0: int, i1: int) -> None:
@@ -195,7 +208,7 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
             say("(--peer: JAX is not importable; PyTorch peers only)")
         elif "torch" not in peers:
             say("(--peer: PyTorch is not importable; JAX peer only)")
-    alone = backend_name == "numpy"
+    alone = backend_name in ("numpy", "cuda")  # the batched products alone beside each filter pass
     out: dict[str, Any] = {"benchmark": "layers", "backend": backend_name, "dtype": dtype.name,
                            "threads": ops.num_threads(), "sgemm_2048_GFLOPs": None if dev else ceiling,
                            "device": dev, "peers": peers if peer else None, "interleaved": True, "results": []}
@@ -210,7 +223,9 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
     say(f"{'shape':9} {'op':18} {'ms':>9} {'GFLOP/s':>9} {'of sgemm' if dev is None else 'of peak':>9} "
         + (f"{'matmul':>7} {'of mm':>6} " if alone else "") + f"{'GB/s':>8}" + peer_head)
     if alone:
-        say(f"{'':48}(matmul: the batched products alone, same operands and threads, as a fraction of sgemm;")
+        say(f"{'':48}(matmul: the batched products alone, same operands"
+            + (" and threads, as a fraction of sgemm;" if dev is None else
+               ", one cuBLAS strided-batched call, as a fraction of peak;"))
         say(f"{'':48} of mm: their time / ours)")
     if peers:
         say(f"{'':48}(peer time / ours, peer ms: ratio > 1 means ours is faster; '≠': disagrees, not timed)")
@@ -274,6 +289,8 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
             rec: dict[str, Any] = {"seconds": t, "GFLOPs": cost.flops / t / 1e9, "GBps": cost.bytes / t / 1e9}
             if name.startswith("filter"):
                 rec[fkey] = rec["GFLOPs"] / ceiling
+                if dev is not None:
+                    rec["fraction_of_cublas_sgemm"] = rec["GFLOPs"] / dev["cublas_sgemm_GFLOPs"]
                 if "matmul" in times:
                     rec["matmul_alone_seconds"] = times["matmul"]
                     rec["matmul_alone_fraction_of_sgemm"] = cost.flops / times["matmul"] / 1e9 / ceiling
