@@ -25,8 +25,16 @@
 //   filter_bwd_data      blockIdx.x: cell (u, v) = u*ceil(W/sw) + v, then N in TN
 //                        tiles; blockIdx.y / threadIdx.y: rows (dy, dx, c) of the cell;
 //                        threadIdx.x: images n; K = ceil(rh/sh)*ceil(rw/sw)*M streamed.
+//   filter_bwd_data_sites  (backward-data by sites, the wrapper's other way) blockIdx.x:
+//                        site s = i0*SW + (blockIdx.x / tiles), then N in TN tiles;
+//                        blockIdx.y / threadIdx.y: receptive-field elements r;
+//                        threadIdx.x: images n; K = M streamed.  Writes P_s = W_s^T dY_s
+//                        into buf (sites of one chunk in order, each R x N).
+//   filter_col2im        not a GEMM: a grid-stride loop over dx's rows [y0, y1), one
+//                        thread per element (y, x, c, n), n fastest across threads; each
+//                        adds to dx its pixel's sum over the chunk's candidate sites.
 // The wrapper (cotsdl/ops/cuda/filter.py) launches grid (blocks * tiles, ceil(rows/TM))
-// with block (TN/RN, TM/RM).
+// with block (TN/RN, TM/RM); filter_col2im with 256-thread blocks, grid-stride.
 //
 // Compile-time parameters: TM, TN, TK, RM, RN (gemm_tile.cuh documents each, its range
 // and its default).  The wrapper's _tiles chooses TM, TN, RM and RN; every set it can
@@ -70,9 +78,12 @@ __device__ void fwd(const T* __restrict__ x, const T* __restrict__ w, T* __restr
 }
 
 // dW_s = dY_s X_s^T: GEMM (M x N)(N x R), reduction over the images; tiles over R.
+// acc != 0: added to dw (a kept gradient, or the first pair's of a tied layer) instead
+// of written over it; each element is read and written by one thread only.
 template <typename T>
 __device__ void bwd_weights(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dw,
-                            const long long* __restrict__ xoff, const long long* __restrict__ yoff, Geom g) {
+                            const long long* __restrict__ xoff, const long long* __restrict__ yoff, Geom g,
+                            int acc) {
     const int R = g.rh * g.rw * g.C, M = g.bh * g.bw * g.K;
     const int tiles = (R + TN - 1) / TN, s = blockIdx.x / tiles, i = s / g.SW, j = s % g.SW;
     const T* xs = x + g.x_site(i, j);
@@ -82,7 +93,10 @@ __device__ void bwd_weights(const T* __restrict__ x, const T* __restrict__ dy, T
         M, R, g.N, blockIdx.y * TM, (blockIdx.x % tiles) * TN,
         [&](int m, int n) { return dys[yoff[m] + n]; },
         [&](int n, int r) { return xs[xoff[r] + n]; },
-        [&](int m, int r, T v) { dws[(long long)m * R + r] = v; });
+        [&](int m, int r, T v) {
+            T* o = dws + (long long)m * R + r;
+            *o = acc ? *o + v : v;
+        });
 }
 
 // Backward-data as a gather (no atomics).  The input is cut into cells of sh x sw
@@ -124,14 +138,67 @@ __device__ void bwd_data(const T* __restrict__ dy, const T* __restrict__ w, T* _
         });
 }
 
+// Backward-data by sites: P_s = W_s^T dY_s, GEMM (R x M)(M x N), for the sites of rows
+// [i0, i0 + chunk) into buf (site s - i0*SW at buf + (s - i0*SW)*R*N, rows r, columns n);
+// filter_col2im then sums them into dx.  The products are the forward's shape
+// transposed (large R rows, all M as the reduction), so they take the large tiles the
+// gather's sh*sw*C rows cannot; the price is buf, R*N numbers per site (the wrapper
+// bounds a chunk's).
+template <typename T>
+__device__ void bwd_data_sites(const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ buf,
+                               const long long* __restrict__ yoff, Geom g, int i0) {
+    const int tiles = (g.N + TN - 1) / TN, local = blockIdx.x / tiles;
+    const int s = i0 * g.SW + local, i = s / g.SW, j = s % g.SW;
+    const int M = g.bh * g.bw * g.K, R = g.rh * g.rw * g.C;
+    const T* ws = w + (long long)s * M * R;
+    const T* dys = dy + g.y_site(i, j);
+    T* bs = buf + (long long)local * R * g.N;
+    gemm_tile<T, false, true>(
+        R, g.N, M, blockIdx.y * TM, (blockIdx.x % tiles) * TN,
+        [&](int r, int m) { return ws[(long long)m * R + r]; },
+        [&](int m, int n) { return dys[yoff[m] + n]; },
+        [&](int r, int n, T v) { bs[(long long)r * g.N + n] = v; });
+}
+
+// dx[y][x][c][n] += sum over the sites (i, j), i in [i0, i1), whose field covers (y, x),
+// of buf's P_s[((y - i*sh)*rw + (x - j*sw))*C + c][n], for the rows y in [y0, y1).
+// Site i covers y when i*sh <= y < i*sh + rh: i from ceil((y - rh + 1)/sh) to floor(y/sh).
+// Each dx element is owned by one thread (no atomics); the sum's order is fixed.
+template <typename T>
+__device__ void col2im(const T* __restrict__ buf, T* __restrict__ dx, Geom g, int i0, int i1, int y0, int y1) {
+    const int R = g.rh * g.rw * g.C;
+    const long long total = (long long)(y1 - y0) * g.W * g.C * g.N;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (long long)gridDim.x * blockDim.x) {
+        const int n = (int)(e % g.N);
+        long long t = e / g.N;
+        const int c = (int)(t % g.C);
+        t /= g.C;
+        const int x = (int)(t % g.W), y = y0 + (int)(t / g.W);
+        const int ilo = max(i0, y - g.rh + 1 > 0 ? (y - g.rh + g.sh) / g.sh : 0);
+        const int ihi = min(i1 - 1, y / g.sh);
+        const int jlo = x - g.rw + 1 > 0 ? (x - g.rw + g.sw) / g.sw : 0;
+        const int jhi = min(g.SW - 1, x / g.sw);
+        T sum = T(0);
+        for (int i = ilo; i <= ihi; ++i)
+            for (int j = jlo; j <= jhi; ++j) {
+                const int r = ((y - i * g.sh) * g.rw + (x - j * g.sw)) * g.C + c;
+                sum += buf[((long long)((i - i0) * g.SW + j) * R + r) * g.N + n];
+            }
+        dx[e + (long long)y0 * g.W * g.C * g.N] += sum;
+    }
+}
+
 // GEOM_PARAMS: the 13 int geometry parameters every filter kernel ends with, in the
 // order the wrapper passes them (_geom in cotsdl/ops/cuda/filter.py): input (H, W, C, N),
 // site grid (SH, SW), receptive field (rh, rw), stride (sh, sw), block (bh, bw), K maps.
 // GEOM_ARGS: the brace list that builds a Geom from them.
 #define GEOM_PARAMS int H, int W, int C, int N, int SH, int SW, int rh, int rw, int sh, int sw, int bh, int bw, int K
 #define GEOM_ARGS {H, W, C, N, SH, SW, rh, rw, sh, sw, bh, bw, K}
-// COTSDL_FILTER_INSTANCES(T, SUF): the three extern "C" kernels for element type T,
-// named filter_{fwd,bwd_data,bwd_weights}_SUF (the wrapper appends f32 or f64).
+// COTSDL_FILTER_INSTANCES(T, SUF): the extern "C" kernels for element type T, named
+// filter_{fwd,bwd_data,bwd_weights,bwd_data_sites,col2im}_SUF (the wrapper appends f32
+// or f64).  filter_bwd_data_sites takes xoff unused, so that every GEMM kernel takes
+// the same (operands, table, yoff, geometry) arguments.
 // __launch_bounds__(GT_THREADS, 1): blocks of at most GT_THREADS threads (the launch
 // uses exactly that many), and one resident block per SM is enough, so ptxas keeps
 // registers x GT_THREADS within the register file but otherwise may use up to 255
@@ -150,8 +217,17 @@ __device__ void bwd_data(const T* __restrict__ dy, const T* __restrict__ w, T* _
     }                                                                                                   \
     extern "C" __global__ void __launch_bounds__(GT_THREADS, 1) filter_bwd_weights_##SUF(                    \
             const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dw,                        \
-            const long long* __restrict__ xoff, const long long* __restrict__ yoff, GEOM_PARAMS) {        \
-        bwd_weights<T>(x, dy, dw, xoff, yoff, Geom GEOM_ARGS);                                          \
+            const long long* __restrict__ xoff, const long long* __restrict__ yoff, GEOM_PARAMS, int acc) { \
+        bwd_weights<T>(x, dy, dw, xoff, yoff, Geom GEOM_ARGS, acc);                                     \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(GT_THREADS, 1) filter_bwd_data_sites_##SUF(                 \
+            const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ buf,                       \
+            const long long* __restrict__ xoff, const long long* __restrict__ yoff, GEOM_PARAMS, int i0) { \
+        bwd_data_sites<T>(dy, w, buf, yoff, Geom GEOM_ARGS, i0);                                        \
+    }                                                                                                   \
+    extern "C" __global__ void filter_col2im_##SUF(const T* __restrict__ buf, T* __restrict__ dx,         \
+                                                   GEOM_PARAMS, int i0, int i1, int y0, int y1) {        \
+        col2im<T>(buf, dx, Geom GEOM_ARGS, i0, i1, y0, y1);                                             \
     }
 COTSDL_FILTER_INSTANCES(float, f32)
 // float64 with the small tiles only (TM <= 64): _tiles never gives float64 a 128-row

@@ -268,6 +268,7 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
         }
         if backend_name == "numpy":
             runs = {name: (as_step(lent, fn), cost) for name, (fn, cost) in runs.items()}
+        if backend_name != "cuda-emu":
             # a whole step of the stage's autoencoder: 5 filter passes and the pool
             runs["train_step"] = (lambda: sparse_ae_loss(x, w, stride=stride, block=sh.block, pool_size=POOL["size"],
                                                          pool_stride=POOL["stride"], lam=TRAIN_LAM, eps=POOL["eps"],

@@ -64,6 +64,30 @@ def test_filter_kernels(case, dtype, order):
                                                          accumulate=True)), dtype)
     x2, dy2 = rng.standard_normal(x.shape).astype(dtype), rng.standard_normal(dy.shape).astype(dtype)
     close(*both(lambda: ops.local_filter_backward_weights(x, dy, size, stride, block, also=(x2, dy2))), dtype)
+    # written into out by the kernel: over it, or added to it, one pair or two
+    close(*both(lambda: ops.local_filter_backward_weights(x, dy, size, stride, block, out=start.copy())), dtype)
+    close(*both(lambda: ops.local_filter_backward_weights(x, dy, size, stride, block, out=start.copy(),
+                                                         accumulate=True, also=(x2, dy2))), dtype)
+
+
+@pytest.mark.parametrize("way", ["cells", "sites", "sites, one row of sites at a time"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", FILTER_CASES)
+def test_backward_data_every_way(case, dtype, way, monkeypatch):
+    """Both ways of backward-data (cuda/filter.cu), whichever by_sites would choose, and the
+    way by sites in as many chunks as there are rows of sites."""
+    from cotsdl.ops.cuda import filter as cuda_filter
+
+    monkeypatch.setattr(cuda_filter, "by_sites", lambda *a: way != "cells")
+    if way.startswith("sites,"):
+        monkeypatch.setattr(cuda_filter, "SITES_BUFFER_BYTES", 1)
+    shape, size, stride, block, K = case
+    rng = np.random.default_rng(sum(shape) + 1)
+    H, W, C, N = shape
+    SH, SW = (H - size[0]) // stride[0] + 1, (W - size[1]) // stride[1] + 1
+    w = rng.standard_normal((SH, SW, block[0] * block[1] * K, size[0], size[1], C)).astype(dtype)
+    dy = rng.standard_normal((SH * block[0], SW * block[1], K, N)).astype(dtype)
+    close(*both(lambda: ops.local_filter_backward_data(dy, w, stride, block, input_shape=shape)), dtype)
 
 
 @pytest.mark.parametrize("order", ORDERS, indirect=True)

@@ -94,3 +94,49 @@ def test_layer_kernels_on_device_equal_numpy(cp, dtype, case):
     same(ops.lcn(X, 3, 1.0, 1e-3), ops.lcn(x, 3, 1.0, 1e-3))
     dz = rng.standard_normal(x.shape).astype(dtype)
     same(ops.lcn_backward(cp.asarray(dz), X, 3, 1.0, 1e-3), ops.lcn_backward(dz, x, 3, 1.0, 1e-3))
+
+
+@pytest.mark.parametrize("way", ["cells", "sites", "sites, one row of sites at a time"])
+@pytest.mark.parametrize("case", FILTER_CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_backward_data_every_way_on_device(cp, dtype, case, way, monkeypatch):
+    from cotsdl import ops
+    from cotsdl.ops.cuda import filter as cuda_filter
+
+    monkeypatch.setattr(cuda_filter, "by_sites", lambda *a: way != "cells")
+    if way.startswith("sites,"):
+        monkeypatch.setattr(cuda_filter, "SITES_BUFFER_BYTES", 1)
+    (H, W, C, N), size, stride, block, K = case
+    rng = np.random.default_rng(1)
+    SH, SW = (H - size[0]) // stride[0] + 1, (W - size[1]) // stride[1] + 1
+    w = rng.standard_normal((SH, SW, block[0] * block[1] * K, size[0], size[1], C)).astype(dtype)
+    dy = rng.standard_normal((SH * block[0], SW * block[1], K, N)).astype(dtype)
+    ref = ops.local_filter_backward_data(dy, w, stride, block, input_shape=(H, W, C, N))
+    got = cp.asnumpy(ops.local_filter_backward_data(cp.asarray(dy), cp.asarray(w), stride, block,
+                                                    input_shape=(H, W, C, N)))
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    assert float(np.abs(got - ref).max()) <= tol * max(float(np.abs(ref).max()), 1e-30)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_backward_weights_into_out_on_device(cp, dtype):
+    """The kernel writes over, or adds into, the caller's gradient; a second pair adds to the first."""
+    from cotsdl import ops
+
+    (H, W, C, N), size, stride, block, K = FILTER_CASES[5]
+    rng = np.random.default_rng(2)
+    SH, SW = (H - size[0]) // stride[0] + 1, (W - size[1]) // stride[1] + 1
+    x, x2 = (rng.standard_normal((H, W, C, N)).astype(dtype) for _ in range(2))
+    dy, dy2 = (rng.standard_normal((SH * block[0], SW * block[1], K, N)).astype(dtype) for _ in range(2))
+    start = rng.standard_normal((SH, SW, block[0] * block[1] * K) + size + (C,)).astype(dtype)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for accumulate in (False, True):
+        for also in (None, (x2, dy2)):
+            ref = ops.local_filter_backward_weights(x, dy, size, stride, block, out=start.copy(),
+                                                    accumulate=accumulate, also=also)
+            out = cp.asarray(start)
+            got = ops.local_filter_backward_weights(cp.asarray(x), cp.asarray(dy), size, stride, block, out=out,
+                                                    accumulate=accumulate,
+                                                    also=None if also is None else tuple(cp.asarray(a) for a in also))
+            assert got is out
+            assert float(np.abs(cp.asnumpy(got) - ref).max()) <= tol * float(np.abs(ref).max())

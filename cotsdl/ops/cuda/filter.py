@@ -1,5 +1,9 @@
 """The block locally-connected filter on the CUDA kernels of ``cuda/filter.cu``: forward,
-backward-data (a gather form, no atomics) and backward-weights, all tiled GEMMs.
+backward-data and backward-weights, all tiled GEMMs, none with atomics.
+
+Backward-data goes one of two ways (:func:`by_sites` chooses): per site P_s = W_s^T dY_s
+into a buffer, then a gather-sum of each pixel's sites (``filter_col2im``); or per cell
+of sh x sw pixels, one product over the candidate sites (``filter_bwd_data``).
 
 ``workspace`` is accepted for the one interface and ignored: CuPy's memory pool keeps
 device buffers between calls already."""
@@ -12,8 +16,25 @@ import numpy as np
 
 from ... import backend
 from ..shapes import check_backward_data, check_backward_weights, check_weights
+from ._launch import THREADS, grid_for, kernel
 from ._launch import contig as _contig
-from ._launch import kernel
+
+#: Backward-data by sites holds the products of at most this many bytes of sites at once
+#: (at least one row of sites); more rows are done in turn.  The paper layer's sites
+#: need R*N*4 = 373 KB each, 3.2 GB in all.
+SITES_BUFFER_BYTES = 256 << 20
+
+
+#: Backward-data by cells needs a cell's sh*sw*C pixel rows to fill at least this many rows of a
+#: GEMM tile; fewer go by sites.  Measured on an H100 (cuda/README.md): the paper layer's 12 rows
+#: took 81.5 ms by cells and 15.0 by sites; D-blocks' 48, 0.119 and 0.098 ms; A's 128 and C's 64,
+#: 0.077 and 0.123 ms by cells against 0.094 and 0.149 by sites; B's 192 the same both ways.
+CELL_ROWS = 64
+
+
+def by_sites(sh: int, sw: int, C: int) -> bool:
+    """Backward-data by sites (where a cell's rows would leave a GEMM tile mostly idle), else by cells."""
+    return sh * sw * C < CELL_ROWS
 
 
 def _tiles(m: int, n: int, dtype: Any = np.float32) -> dict[str, int]:
@@ -26,10 +47,24 @@ def _tiles(m: int, n: int, dtype: Any = np.float32) -> dict[str, int]:
     return {"TM": 16 if m <= 16 else 32 if m <= 32 else 64, "TN": 32 if n <= 32 else 64, "RM": 4, "RN": 4}
 
 
+def _device(like: Any) -> int | None:
+    """The current device's index for a device array, None for a host one (the emulator)."""
+    return backend.cupy_module().cuda.Device().id if backend.is_device_array(like) else None
+
+
+def _to(device: int | None, *tables: np.ndarray) -> tuple[Any, ...]:
+    if device is None:
+        return tables
+    cupy = backend.cupy_module()
+    with cupy.cuda.Device(device):
+        return tuple(cupy.asarray(t) for t in tables)
+
+
 @lru_cache(maxsize=64)
-def _offsets(H, W, C, N, SW, rh, rw, block, K) -> tuple[np.ndarray, np.ndarray]:
+def _offsets(H, W, C, N, SW, rh, rw, block, K, device: int | None = None) -> tuple[Any, Any]:
     """xoff[r]: offset of receptive-field element r = (p*rw + q)*C + c from a site's corner in x;
-    yoff[m]: offset of neuron m = (a*bw + b)*K + k from a site's corner in y (n excluded)."""
+    yoff[m]: offset of neuron m = (a*bw + b)*K + k from a site's corner in y (n excluded).
+    Kept on ``device`` (a copy per call would cost a synchronous host-to-device transfer)."""
     p, q, c = np.meshgrid(np.arange(rh), np.arange(rw), np.arange(C), indexing="ij")
     xoff = (((p * W + q) * C + c) * N).astype(np.int64).ravel()
     bh, bw = block
@@ -37,31 +72,31 @@ def _offsets(H, W, C, N, SW, rh, rw, block, K) -> tuple[np.ndarray, np.ndarray]:
     yoff = (((a * (SW * bw) + b) * K + k) * N).astype(np.int64).ravel()
     xoff.setflags(write=False)  # cached and shared between calls
     yoff.setflags(write=False)
-    return xoff, yoff
+    return _to(device, xoff, yoff)
 
 
 @lru_cache(maxsize=64)
-def _cell_table(C: int, sh: int, sw: int, rh: int, rw: int, M: int) -> np.ndarray:
+def _cell_table(C: int, sh: int, sw: int, rh: int, rw: int, M: int, device: int | None = None) -> Any:
     """Backward-data's decoded indices: rows (dy, dx, c) of a cell, then K entries (ti, tj, m)."""
     dy, dx, c = (a.ravel() for a in np.meshgrid(np.arange(sh), np.arange(sw), np.arange(C), indexing="ij"))
     ci, cj = -(-rh // sh), -(-rw // sw)
     ti, tj, m = (a.ravel() for a in np.meshgrid(np.arange(ci), np.arange(cj), np.arange(M), indexing="ij"))
     tab = np.concatenate([dy, dx, c, ti, tj, m]).astype(np.int32)
     tab.setflags(write=False)  # cached and shared between calls
-    return tab
+    return _to(device, tab)[0]
 
 
 def _gemm_launch(name: str, like: Any, rows: int, cols: int, blocks: int, args: tuple, geom: tuple,
-                 table: np.ndarray | None = None) -> None:
-    """Launch a filter GEMM kernel; ``table`` replaces ``xoff`` (backward-data's cell indices)."""
+                 table: Any = None, extra: tuple = ()) -> None:
+    """Launch a filter GEMM kernel; ``table`` replaces ``xoff`` (backward-data's cell indices);
+    ``extra``: the kernel's arguments after the geometry."""
     t = _tiles(rows, cols, like.dtype)
     k = kernel("filter.cu", name, like, t)
-    xp = backend.array_module(like)
     H, W, C, N, SH, SW, rh, rw, sh, sw, bh, bw, K = (int(v) for v in geom)
-    xoff, yoff = (xp.asarray(o) for o in _offsets(H, W, C, N, SW, rh, rw, (bh, bw), K))
-    first = xoff if table is None else xp.asarray(table)
+    xoff, yoff = _offsets(H, W, C, N, SW, rh, rw, (bh, bw), K, _device(like))
     grid = (blocks * -(-cols // t["TN"]), -(-rows // t["TM"]), 1)
-    backend.launch(k, grid, (t["TN"] // t["RN"], t["TM"] // t["RM"]), args + (first, yoff) + geom)
+    backend.launch(k, grid, (t["TN"] // t["RN"], t["TM"] // t["RM"]),
+                   args + (xoff if table is None else table, yoff) + geom + extra)
 
 
 def _geom(H, W, C, N, SH, SW, rh, rw, stride, block, K) -> tuple:
@@ -85,42 +120,52 @@ def filter_backward_data(dy: Any, w: Any, stride: tuple[int, int], block: tuple[
     SH, SW, M, rh, rw, C, K = check_backward_data(dy.shape, w, stride, block, input_shape)
     N = dy.shape[3]
     xp = backend.array_module(dy)
-    dx = xp.empty((H, W, C, N), dy.dtype)
-    if dx.size:
-        sh, sw = stride
+    if N == 0 or not H * W * C:
+        return xp.empty((H, W, C, N), dy.dtype)
+    sh, sw = stride
+    geom = _geom(H, W, C, N, SH, SW, rh, rw, stride, block, K)
+    dy, w = _contig(dy), _contig(w)
+    if not by_sites(sh, sw, C):
+        dx = xp.empty((H, W, C, N), dy.dtype)
         cells = -(-H // sh) * -(-W // sw)
-        _gemm_launch("filter_bwd_data", dy, sh * sw * C, N, cells, (_contig(dy), _contig(w), dx),
-                     _geom(H, W, C, N, SH, SW, rh, rw, stride, block, K), _cell_table(C, sh, sw, rh, rw, M))
+        _gemm_launch("filter_bwd_data", dy, sh * sw * C, N, cells, (dy, w, dx), geom,
+                     _cell_table(C, sh, sw, rh, rw, M, _device(dy)))
+        return dx
+    # By sites, in chunks of site rows: each chunk's products, then its sums added into dx
+    # (a pixel's sites may span two chunks; pixels no site covers stay 0).
+    dx = xp.zeros((H, W, C, N), dy.dtype)
+    R = rh * rw * C
+    rows = max(1, min(SH, SITES_BUFFER_BYTES // (SW * R * N * dy.dtype.itemsize)))
+    buf = xp.empty(rows * SW * R * N, dy.dtype)
+    col2im = kernel("filter.cu", "filter_col2im", dy, _tiles(R, N, dy.dtype))
+    for i0 in range(0, SH, rows):
+        i1 = min(SH, i0 + rows)
+        _gemm_launch("filter_bwd_data_sites", dy, R, N, (i1 - i0) * SW, (dy, w, buf), geom, extra=(np.int32(i0),))
+        y0, y1 = i0 * sh, (i1 - 1) * sh + rh
+        backend.launch(col2im, grid_for((y1 - y0) * W * C * N), (THREADS,),
+                       (buf, dx) + geom + tuple(np.int32(v) for v in (i0, i1, y0, y1)))
     return dx
 
 
 def filter_backward_weights(x: Any, dy: Any, size: tuple[int, int], stride: tuple[int, int], block: tuple[int, int],
                             workspace: Any = None, out: Any = None, accumulate: bool = False,
                             also: tuple[Any, Any] | None = None) -> Any:
-    """dw (SH, SW, M, rh, rw, C) [+ ``also``'s, a second (x, dy) pair's]; copied into (``accumulate``:
-    added to) ``out`` when given (one interface with the numpy backend)."""
-    dw = _filter_backward_weights(x, dy, size, stride, block)
-    if also is not None:
-        dw += _filter_backward_weights(also[0], also[1], size, stride, block)
-    if out is None:
-        return dw
-    if accumulate:
-        out += dw
-    else:
-        out[...] = dw
-    return out
-
-
-def _filter_backward_weights(x: Any, dy: Any, size: tuple[int, int], stride: tuple[int, int],
-                             block: tuple[int, int]) -> Any:
+    """dw (SH, SW, M, rh, rw, C) [+ ``also``'s, a second (x, dy) pair's], written into (``accumulate``:
+    added to) ``out`` when given (one interface with the numpy backend) by the kernel itself."""
     H, W, C, N = x.shape
     rh, rw = size
     SH, SW, K = check_backward_weights(x.shape, dy.shape, size, stride, block)
     M, R = block[0] * block[1] * K, rh * rw * C
     xp = backend.array_module(x)
-    if N == 0:  # no images: the gradient is zero
-        return xp.zeros((SH, SW, M, rh, rw, C), x.dtype)
-    dw = xp.empty((SH, SW, M, rh, rw, C), x.dtype)
-    _gemm_launch("filter_bwd_weights", x, M, R, SH * SW, (_contig(x), _contig(dy), dw),
-                 _geom(H, W, C, N, SH, SW, rh, rw, stride, block, K))
+    dw = out if out is not None else xp.empty((SH, SW, M, rh, rw, C), x.dtype)
+    add = bool(accumulate and out is not None)
+    if N == 0 or not dw.size:  # no images: the gradient is zero
+        if not add:
+            dw.fill(0)
+        return dw
+    geom = _geom(H, W, C, N, SH, SW, rh, rw, stride, block, K)
+    for xi, dyi in ((x, dy),) if also is None else ((x, dy), also):
+        _gemm_launch("filter_bwd_weights", x, M, R, SH * SW, (_contig(xi), _contig(dyi), dw), geom,
+                     extra=(np.int32(add),))
+        add = True  # the second pair adds to the first's
     return dw
