@@ -6,7 +6,11 @@
 # only its step): env, kernels (tests/gpu/test_gpu_kernels.py), bench (cotsdl bench
 # layers --backend cuda, JSON too), evaluate (tests/gpu/test_evaluate_gpu.py), mpi
 # (tests/mpi/test_gpu_exchange.py on 2 ranks, where mpiexec exists), sanitizer
-# (compute-sanitizer memcheck and racecheck on a few kernel cases, where installed).
+# (compute-sanitizer memcheck and racecheck on a few kernel cases, where installed), and
+# demo, not run by default: the main job (jobs/local.sh) on the GPU, one rank: trains
+# jobs/configs/demo.toml and its no-faces control with the cuda backend, evaluates, and
+# copies report.md (the datasets: data/demo/, built here if missing; $DEMO_SET: more
+# `cotsdl train` options).
 # Logs go to $OUT (default ./gpu-out); the last lines printed are one status per step.
 set -u
 cd "$(dirname "$0")/../.."
@@ -35,8 +39,7 @@ for s in "${steps[@]}"; do
 print(\"numpy\", numpy.__version__, \"cupy\", cupy.__version__, \"CUDA runtime\", cupy.cuda.runtime.runtimeGetVersion(), \
 \"driver\", cupy.cuda.runtime.driverGetVersion())'; $PY -c 'from mpi4py import MPI; print(MPI.Get_library_version())'; \
 command -v mpiexec compute-sanitizer g++ || true" ;;
-    kernels) step kernels 180 "$PY" -m pytest tests/gpu/test_gpu_kernels.py -q -rfE -n 4 --timeout 150 \
-        --junitxml "$OUT/kernels.xml" ;;
+    kernels) step kernels 180 "$PY" -m pytest tests/gpu/test_gpu_kernels.py -q -rfE -n 4 --timeout 150 ;;
     bench) step bench 200 "$PY" -m cotsdl bench layers --backend cuda --json "$OUT/layers-cuda.json" ;;
     evaluate) step evaluate 200 "$PY" -m pytest tests/gpu/test_evaluate_gpu.py -q -rfE -n 0 ;;
     mpi) if command -v mpiexec > /dev/null; then
@@ -48,6 +51,21 @@ command -v mpiexec compute-sanitizer g++ || true" ;;
                     tests/gpu/test_gpu_kernels.py -q -rfE -n 0 --timeout 110 -k "$KCASES"
             done
         else summary+=("sanitizer  skipped: no compute-sanitizer"); fi ;;
+    demo) mkdir -p data/demo
+        [ -f data/demo/natural.h5 ] || "$PY" -m cotsdl prepare-data natural data/demo/natural.h5 --count 4096 \
+            --size 32 32 --seed 0 --face-fraction 0.5
+        [ -f data/demo/faces.h5 ] || "$PY" -m cotsdl prepare-data faces data/demo/faces.h5 --size 32 32 --seed 0
+        [ -f data/demo/natural-nofaces.h5 ] || "$PY" -m cotsdl prepare-data natural data/demo/natural-nofaces.h5 \
+            --count 4096 --size 32 32 --seed 0 --no-faces
+        # shellcheck disable=SC2086
+        step demo-train 240 "$PY" -m cotsdl train jobs/configs/demo.toml --set run.backend=cuda \
+            --set run.folder=runs/gpu-demo ${DEMO_SET:-}
+        # shellcheck disable=SC2086
+        step demo-control 240 "$PY" -m cotsdl train jobs/configs/demo.toml --set run.backend=cuda \
+            --set run.folder=runs/gpu-demo-nofaces --set data.file=data/demo/natural-nofaces.h5 ${DEMO_SET:-}
+        step demo-eval 240 "$PY" -m cotsdl evaluate runs/gpu-demo --dataset data/demo/faces.h5 \
+            --control-run runs/gpu-demo-nofaces
+        cp runs/gpu-demo/report.md "$OUT/demo-report.md" 2>/dev/null || true ;;
     *) echo "unknown step $s" >&2; exit 2 ;;
     esac
 done
