@@ -263,7 +263,8 @@ def _table(args, machines) -> dict[str, Any]:
                          f"{row['memory_bytes'] / 2**30:>9.2f}{100 * row['halo_share']:>7.1f}%"
                          f"{'on' if ov['on'] else 'off':>8}" + ("" if row["fits"] else " NOFIT").ljust(6))
             print(line + _paper_note(params, ranks))
-    print("NOFIT: does not fit in device memory.  GPU efficiencies are assumptions (nothing has run on a GPU yet).")
+    print("NOFIT: does not fit in device memory.  GPU efficiencies: measured on one H100 (h100-ndr), "
+          "assumed the same fractions of peak on the other GPUs.")
     print(PAPER)
     return {"rows": rows, "paper": PAPER, "machines": machines, "load_warnings": warnings}
 

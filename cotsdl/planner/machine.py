@@ -50,18 +50,24 @@ LOAD_MARGIN = 0.5
 #: Seconds the load now is measured over (cotsdl plan waits that long once).
 LOAD_WINDOW = 0.5
 
-# GPU efficiencies are ASSUMPTIONS: no cotsdl kernel has been timed on a GPU yet.  The filter
-# value follows the paper's slides (seed 000: block-local kernels "exceed 1 TFLOP" on a
-# 3.09 TFLOP/s GTX 680, i.e. about a third of peak); pooling, LCN and elementwise passes are
-# memory-bound and assumed to reach 60% of the memory roofline.
-_GPU_EFF = {"filter_forward": 0.33, "filter_backward_data": 0.3, "filter_backward_weights": 0.3,
-            "pool_forward": 0.6, "pool_backward": 0.6, "lcn_forward": 0.5, "lcn_backward": 0.5, "elementwise": 0.6}
-_GPU_NOTE = "efficiencies ASSUMED (nothing has run on a GPU yet; filter ~1/3 of peak as the paper's kernels)"
+# GPU efficiencies: MEASURED on one H100 80GB HBM3 for the paper-sized layer (`cotsdl bench layers
+# --backend cuda`, 2026-11-27, cuda/README.md): the filter passes at 0.21 / 0.20 / 0.24 of the fp32
+# peak, pooling at 0.18 / 0.19 and LCN at 0.034 / 0.021 of the memory bandwidth (forward / backward;
+# LCN is tens of CuPy operations); elementwise passes are assumed at 0.6.  The per-call overhead is
+# what a pooling pass on a small shape took there (37-46 us: launch and Python).  The other GPUs
+# are ASSUMED to reach the same fractions of their own peaks: nothing has been timed on them.
+_GPU_EFF = {"filter_forward": 0.21, "filter_backward_data": 0.20, "filter_backward_weights": 0.24,
+            "pool_forward": 0.18, "pool_backward": 0.19, "lcn_forward": 0.034, "lcn_backward": 0.021,
+            "elementwise": 0.6}
+_GPU_OVERHEAD_S = 40e-6
+_H100_NOTE = "efficiencies MEASURED on one H100 (cotsdl bench layers --backend cuda, paper layer; elementwise assumed)"
+_GPU_NOTE = "efficiencies ASSUMED: the fractions of peak measured on an H100 (nothing timed on this GPU)"
 
 
 def _gpu(name: str, source: str, flops: float, bw: float, mem: float, per_node: int, cores: int,
-         alpha: float, link_bytes_per_s: float, overhead: float = 10e-6) -> dict[str, Any]:
-    return {"name": name, "kind": "gpu", "source": f"{source}; {_GPU_NOTE}",
+         alpha: float, link_bytes_per_s: float, overhead: float = _GPU_OVERHEAD_S,
+         note: str = _GPU_NOTE) -> dict[str, Any]:
+    return {"name": name, "kind": "gpu", "source": f"{source}; {note}",
             "device": {"peak_flops": flops, "memory_bandwidth": bw, "memory_bytes": mem, "cores": cores,
                        "devices_per_node": per_node},
             "efficiency": dict(_GPU_EFF), "overhead_s": overhead,
@@ -85,7 +91,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                      "8 GPUs per node", 19.5e12, 2039e9, 80 * 2**30, 8, 64, 3e-6, 50e9),
     # H100 SXM5 80 GB (NVIDIA datasheet): 67 TFLOP/s fp32 (non-tensor), 3.35 TB/s.
     "h100-ndr": _gpu("h100-ndr", "H100 SXM5 80GB datasheet (67 TFLOP/s fp32, 3.35 TB/s, 80 GB), NDR 400 Gb/s, "
-                     "8 GPUs per node", 67e12, 3.35e12, 80 * 2**30, 8, 112, 3e-6, 50e9),
+                     "8 GPUs per node", 67e12, 3.35e12, 80 * 2**30, 8, 112, 3e-6, 50e9, note=_H100_NOTE),
 }
 #: ``this``: the calibration file of this machine (``cotsdl bench calibrate --json machine.json``).
 THIS_FILE = "machine.json"

@@ -26,7 +26,7 @@ def test_plan_prints_layers_stages_and_a_suggestion(tmp_path):
     out = tmp_path / "plan.json"
     res = plan(DEMO, "--ranks", "4", "--grid", "2", "2", "--machine", "h100-ndr", "--json", str(out))
     assert res.returncode == 0, res.stderr
-    for text in ("grid 2x2", "filter0", "training step of stage 2", "suggested:", "ASSUMED", "halo MiB"):
+    for text in ("grid 2x2", "filter0", "training step of stage 2", "suggested:", "MEASURED on one H100", "halo MiB"):
         assert text in res.stdout
     data = json.loads(out.read_text())
     assert [p["stage"] for p in data["predictions"]] == [0, 1, 2]

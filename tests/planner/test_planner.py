@@ -200,7 +200,8 @@ def test_the_fit_search_skips_only_rank_counts_that_cannot_fit(monkeypatch, tied
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_presets_are_valid(name):
     m = load_machine(name)
-    assert m["kind"] == "gpu" and "ASSUMED" in m["source"]
+    # each preset says where its efficiencies come from: measured on that GPU, or assumed
+    assert m["kind"] == "gpu" and ("MEASURED" in m["source"]) == (name == "h100-ndr") != ("ASSUMED" in m["source"])
 
 
 def test_bad_machines_name_file_and_key(tmp_path, monkeypatch):
