@@ -53,11 +53,10 @@ def _device(like: Any) -> int | None:
 
 
 def _to(device: int | None, *tables: np.ndarray) -> tuple[Any, ...]:
+    """``tables`` on ``device``, which is the current one (the caches key on it: :func:`_device`)."""
     if device is None:
         return tables
-    cupy = backend.cupy_module()
-    with cupy.cuda.Device(device):
-        return tuple(cupy.asarray(t) for t in tables)
+    return tuple(backend.cupy_module().asarray(t) for t in tables)
 
 
 @lru_cache(maxsize=64)
