@@ -9,6 +9,9 @@
 // Index tables replace per-element divisions: xoff[r] is the offset of receptive-field
 // element r from the site's corner in x, yoff[m] that of neuron m from the site's
 // corner in y (both without the n term); backward-data's `tab` is described at bwd_data.
+// They are 32-bit (the wrapper checks that offset + N fits): 64-bit ones cost the
+// forward's 128 x 96 tile 121 registers instead of 115 with NVRTC 12.9, and with the
+// device's NVRTC 13.2 166 (one block per SM).  Site corners stay 64-bit (Geom).
 //
 // Grids and threads.  Each kernel is a gemm_tile product; "tiles" is the number of TN
 // tiles along the product's column index.  blockIdx.x = (site or cell) * tiles + tile
@@ -64,7 +67,7 @@ struct Geom {
 // Y_s = W_s X_s: GEMM (M x R)(R x N).
 template <typename T>
 __device__ void fwd(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
-                    const long long* __restrict__ xoff, const long long* __restrict__ yoff, Geom g) {
+                    const int* __restrict__ xoff, const int* __restrict__ yoff, Geom g) {
     const int tiles = (g.N + TN - 1) / TN, s = blockIdx.x / tiles, i = s / g.SW, j = s % g.SW;
     const int M = g.bh * g.bw * g.K, R = g.rh * g.rw * g.C;
     const T* ws = w + (long long)s * M * R;
@@ -82,7 +85,7 @@ __device__ void fwd(const T* __restrict__ x, const T* __restrict__ w, T* __restr
 // of written over it; each element is read and written by one thread only.
 template <typename T>
 __device__ void bwd_weights(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dw,
-                            const long long* __restrict__ xoff, const long long* __restrict__ yoff, Geom g,
+                            const int* __restrict__ xoff, const int* __restrict__ yoff, Geom g,
                             int acc) {
     const int R = g.rh * g.rw * g.C, M = g.bh * g.bw * g.K;
     const int tiles = (R + TN - 1) / TN, s = blockIdx.x / tiles, i = s / g.SW, j = s % g.SW;
@@ -111,7 +114,7 @@ __device__ void bwd_weights(const T* __restrict__ x, const T* __restrict__ dy, T
 // blockIdx.x = cell * tiles + tile along n.
 template <typename T>
 __device__ void bwd_data(const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx,
-                         const int* __restrict__ tab, const long long* __restrict__ yoff, Geom g) {
+                         const int* __restrict__ tab, const int* __restrict__ yoff, Geom g) {
     const int tiles = (g.N + TN - 1) / TN, cell = blockIdx.x / tiles;
     const int CW = (g.W + g.sw - 1) / g.sw, u = cell / CW, v = cell % CW;
     const int M = g.bh * g.bw * g.K, R = g.rh * g.rw * g.C;
@@ -146,7 +149,7 @@ __device__ void bwd_data(const T* __restrict__ dy, const T* __restrict__ w, T* _
 // bounds a chunk's).
 template <typename T>
 __device__ void bwd_data_sites(const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ buf,
-                               const long long* __restrict__ yoff, Geom g, int i0) {
+                               const int* __restrict__ yoff, Geom g, int i0) {
     const int tiles = (g.N + TN - 1) / TN, local = blockIdx.x / tiles;
     const int s = i0 * g.SW + local, i = s / g.SW, j = s % g.SW;
     const int M = g.bh * g.bw * g.K, R = g.rh * g.rw * g.C;
@@ -203,36 +206,40 @@ __device__ void col2im(const T* __restrict__ buf, T* __restrict__ dx, Geom g, in
 // uses exactly that many), and one resident block per SM is enough, so ptxas keeps
 // registers x GT_THREADS within the register file but otherwise may use up to 255
 // registers a thread for the RM x RN accumulators; check-kernels reports the count
-// and fails on any spill.
-#define COTSDL_FILTER_INSTANCES(T, SUF)                                                                  \
-    extern "C" __global__ void __launch_bounds__(GT_THREADS, 1) filter_fwd_##SUF(                            \
+// and fails on any spill.  The float32 forward asks for two blocks per SM
+// (FWD_MIN_BLOCKS: at most 128 registers for 256 threads) except on the 128 x 128 tile,
+// whose 64 accumulators would spill: on an H100 the paper layer's forward took 14.6 ms
+// at one block per SM (166 registers, 8 warps) and 9.6 ms at two (cuda/README.md).
+#define FWD_MIN_BLOCKS (TM * TN > 128 * 96 ? 1 : 2)
+#define COTSDL_FILTER_INSTANCES(T, SUF, FWD_MINB)                                                                  \
+    extern "C" __global__ void __launch_bounds__(GT_THREADS, FWD_MINB) filter_fwd_##SUF(                            \
             const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,                          \
-            const long long* __restrict__ xoff, const long long* __restrict__ yoff, GEOM_PARAMS) {        \
+            const int* __restrict__ xoff, const int* __restrict__ yoff, GEOM_PARAMS) {        \
         fwd<T>(x, w, y, xoff, yoff, Geom GEOM_ARGS);                                                    \
     }                                                                                                   \
     extern "C" __global__ void __launch_bounds__(GT_THREADS, 1) filter_bwd_data_##SUF(                       \
             const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx,                        \
-            const int* __restrict__ tab, const long long* __restrict__ yoff, GEOM_PARAMS) {               \
+            const int* __restrict__ tab, const int* __restrict__ yoff, GEOM_PARAMS) {               \
         bwd_data<T>(dy, w, dx, tab, yoff, Geom GEOM_ARGS);                                              \
     }                                                                                                   \
     extern "C" __global__ void __launch_bounds__(GT_THREADS, 1) filter_bwd_weights_##SUF(                    \
             const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dw,                        \
-            const long long* __restrict__ xoff, const long long* __restrict__ yoff, GEOM_PARAMS, int acc) { \
+            const int* __restrict__ xoff, const int* __restrict__ yoff, GEOM_PARAMS, int acc) { \
         bwd_weights<T>(x, dy, dw, xoff, yoff, Geom GEOM_ARGS, acc);                                     \
     }                                                                                                   \
     extern "C" __global__ void __launch_bounds__(GT_THREADS, 1) filter_bwd_data_sites_##SUF(                 \
             const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ buf,                       \
-            const long long* __restrict__ xoff, const long long* __restrict__ yoff, GEOM_PARAMS, int i0) { \
+            const int* __restrict__ xoff, const int* __restrict__ yoff, GEOM_PARAMS, int i0) { \
         bwd_data_sites<T>(dy, w, buf, yoff, Geom GEOM_ARGS, i0);                                        \
     }                                                                                                   \
     extern "C" __global__ void filter_col2im_##SUF(const T* __restrict__ buf, T* __restrict__ dx,         \
                                                    GEOM_PARAMS, int i0, int i1, int y0, int y1) {        \
         col2im<T>(buf, dx, Geom GEOM_ARGS, i0, i1, y0, y1);                                             \
     }
-COTSDL_FILTER_INSTANCES(float, f32)
+COTSDL_FILTER_INSTANCES(float, f32, FWD_MIN_BLOCKS)
 // float64 with the small tiles only (TM <= 64): _tiles never gives float64 a 128-row
 // tile, and the 128 x 128 one (64 double accumulators per thread) would spill
 // (filter_fwd_f64 reaches the 255-register cap), which check-kernels rejects.
 #if TM <= 64
-COTSDL_FILTER_INSTANCES(double, f64)
+COTSDL_FILTER_INSTANCES(double, f64, 1)
 #endif

@@ -125,3 +125,24 @@ def test_the_kernel_suite_is_clean_under_asan():
                          timeout=880)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     assert "AddressSanitizer" not in res.stderr
+
+
+def test_offsets_too_large_for_32_bits_are_refused(monkeypatch):
+    """The kernels' index tables are 32-bit: a layer whose field offsets exceed them is refused by
+    name, not computed wrong (the limit is lowered here instead of allocating 8 GB)."""
+    from cotsdl.ops.cuda import filter as cuda_filter
+
+    x = np.zeros((6, 7, 2, 5), np.float32)
+    w = np.zeros((2, 3, 4, 3, 3, 2), np.float32)  # sites 2 x 3 with stride (3, 2), M = 4
+    cuda_filter._offsets.cache_clear()
+    last = ((2 * 7 + 2) * 2 + 1) * 5 + 5 - 1  # x's last element a site's field reaches from its corner
+    monkeypatch.setattr(cuda_filter, "MAX_OFFSET", last - 1)
+    try:
+        with backend.using("cuda-emu"), pytest.raises(ValueError, match=r"input x spans 170 elements .*6x7x2, "
+                                                                           r"batch 5.*32-bit offsets"):
+            ops.local_filter(x, w, (3, 2), (1, 1))
+        monkeypatch.setattr(cuda_filter, "MAX_OFFSET", last)  # exactly fits
+        with backend.using("cuda-emu"):
+            assert ops.local_filter(x, w, (3, 2), (1, 1)).shape == (2, 3, 4, 5)
+    finally:
+        cuda_filter._offsets.cache_clear()

@@ -59,16 +59,29 @@ def _to(device: int | None, *tables: np.ndarray) -> tuple[Any, ...]:
     return tuple(backend.cupy_module().asarray(t) for t in tables)
 
 
+#: The largest offset from a site's corner the kernels' 32-bit index tables can hold.
+MAX_OFFSET = 2**31 - 1
+
+
 @lru_cache(maxsize=64)
 def _offsets(H, W, C, N, SW, rh, rw, block, K, device: int | None = None) -> tuple[Any, Any]:
     """xoff[r]: offset of receptive-field element r = (p*rw + q)*C + c from a site's corner in x;
     yoff[m]: offset of neuron m = (a*bw + b)*K + k from a site's corner in y (n excluded).
-    Kept on ``device`` (a copy per call would cost a synchronous host-to-device transfer)."""
-    p, q, c = np.meshgrid(np.arange(rh), np.arange(rw), np.arange(C), indexing="ij")
-    xoff = (((p * W + q) * C + c) * N).astype(np.int64).ravel()
+    32-bit (cuda/filter.cu says why); kept on ``device`` (a copy per call would cost a synchronous
+    host-to-device transfer)."""
+    p, q, c = np.meshgrid(np.arange(rh, dtype=np.int64), np.arange(rw, dtype=np.int64),
+                          np.arange(C, dtype=np.int64), indexing="ij")
+    xoff = (((p * W + q) * C + c) * N).ravel()
     bh, bw = block
-    a, b, k = np.meshgrid(np.arange(bh), np.arange(bw), np.arange(K), indexing="ij")
-    yoff = (((a * (SW * bw) + b) * K + k) * N).astype(np.int64).ravel()
+    a, b, k = np.meshgrid(np.arange(bh, dtype=np.int64), np.arange(bw, dtype=np.int64),
+                          np.arange(K, dtype=np.int64), indexing="ij")
+    yoff = (((a * (SW * bw) + b) * K + k) * N).ravel()
+    for name, off in (("input x", xoff), ("output y", yoff)):
+        if off.size and int(off.max()) + N - 1 > MAX_OFFSET:
+            raise ValueError(f"local filter on the GPU: a receptive field of the {name} spans {int(off.max()) + N} "
+                             f"elements (input {H}x{W}x{C}, batch {N}), more than the kernels' 32-bit offsets "
+                             f"hold ({MAX_OFFSET}); use more ranks along the image or a smaller batch")
+    xoff, yoff = xoff.astype(np.int32), yoff.astype(np.int32)
     xoff.setflags(write=False)  # cached and shared between calls
     yoff.setflags(write=False)
     return _to(device, xoff, yoff)
