@@ -85,7 +85,7 @@ class GreedyTrainer:
     overlap : bool or "auto"
         Hide halo traffic behind computation (same results bit for bit; see ``NetworkPlan``).
         ``"auto"``: where the run planner predicts a gain on this machine (its calibration
-        ``./machine.json``, else a rule: on where halos exist), decided once on rank 0 for
+        ``./machine.json``, else a rule: on where halos cross nodes), decided once on rank 0 for
         this grid (:func:`cotsdl.planner.overlap.choose_overlap`); ``overlap_reason`` says why.
     filter_norm : float, "auto", sequence of them (or None), or None
         Keep every unit's filter (encoder, and decoder when untied) at this L2 norm:

@@ -34,7 +34,11 @@ def _trainer_in(comm, monkeypatch, prefix: str, machine: dict | None) -> GreedyT
 
 
 def test_rank_0s_decision_holds_on_every_rank(comm, monkeypatch):
-    """Only rank 0 has a machine file (off); the others alone would follow the rule (on where halos exist)."""
+    """Only rank 0 has a machine file (off); the others alone would follow the rule, which says on where
+    halos cross nodes: each rank is told it is alone on its node."""
+    import cotsdl.array.grid
+
+    monkeypatch.setattr(cotsdl.array.grid, "node_local_size", lambda comm: 1)
     tr = _trainer_in(comm, monkeypatch, "cotsdl-overlap", CALLS_COST if comm.Get_rank() == 0 else None)
     assert all_same(comm, (tr.plan.overlap, tr.overlap_reason))
     assert tr.plan.overlap is False

@@ -60,10 +60,20 @@ def test_off_when_the_gain_is_below_the_margin_or_negative():
     assert not fast.on and fast.seconds_on > fast.seconds_off and "extra calls" in fast.reason
 
 
-def test_without_a_machine_the_rule_is_on_where_halos_exist():
-    c = choose_overlap(demo(), 32, 2, None, 1, None, no_machine="no ./machine.json")
+def test_without_a_machine_the_rule_is_on_where_halos_cross_nodes():
+    c = choose_overlap(demo(), 32, 2, None, 1, None, no_machine="no ./machine.json")  # where the ranks are unknown
     assert c.on and c.seconds_on is None
-    assert c.reason.startswith("6 layer(s) exchange halos on grid 2x1; no ./machine.json") and "rule" in c.reason
+    assert c.reason.startswith("6 layer(s) exchange halos on grid 2x1; no ./machine.json") and \
+        c.reason.endswith("the rule without a model: on where halos exist")
+    for ranks, per_node in ((2, 2), (4, 8)):  # every rank on one node: halos are memory copies
+        one = choose_overlap(demo(), 32, ranks, None, 1, None, ranks_per_node=per_node, no_machine="no ./machine.json")
+        assert not one.on and one.seconds_on is None
+        assert f"but all {ranks} ranks share one node; no ./machine.json, so the rule without a model: on only " \
+               "where halos cross nodes" in one.reason
+    across = choose_overlap(demo(), 32, 4, None, 1, None, ranks_per_node=2, no_machine="no ./machine.json")
+    assert across.on and across.reason.endswith("the rule without a model: on where halos cross nodes")
+    # a model decides whatever the nodes
+    assert choose_overlap(demo(), 32, 4, (2, 2), 1, SLOW, ranks_per_node=4).on
 
 
 def test_the_model_hides_nothing_where_nothing_is_split():
