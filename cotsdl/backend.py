@@ -87,6 +87,22 @@ def copy_from_host(src: np.ndarray, dst: Any) -> None:
         np.copyto(dst, src)
 
 
+def constant(a: np.ndarray, like: Any) -> Any:
+    """Read-only host array ``a`` for use beside ``like``: ``a`` itself beside host arrays; beside
+    device arrays a copy on the current device, made once per (contents, device) and kept (a copy
+    per call would be a synchronous host-to-device transfer).  Nothing may write the result."""
+    if not is_device_array(like):
+        return a
+    a, cupy = np.ascontiguousarray(a), cupy_module()
+    return _device_constant(a.tobytes(), a.dtype.str, a.shape, cupy.cuda.Device().id, cupy)
+
+
+@lru_cache(maxsize=256)
+def _device_constant(data: bytes, dtype: str, shape: tuple[int, ...], device: int, cupy: Any) -> Any:
+    # keyed on the module too: a stand-in CuPy's arrays (tests) never reach the real one's kernels
+    return cupy.asarray(np.frombuffer(data, dtype).reshape(shape))
+
+
 def cuda_dir() -> Path:
     """The folder of the ``.cu``/``.cuh`` kernel sources.
 

@@ -83,7 +83,7 @@ def smooth_adjoint(u: np.ndarray, out: Box, target: Box, image: Box, g1: np.ndar
     xp = backend.array_module(u)
     if out.is_empty or target.is_empty:
         return xp.zeros(target.shape + u.shape[2:], u.dtype)
-    t = u / xp.asarray(_renorm(out, image, g1, u.dtype)[2])
+    t = u / backend.constant(_renorm(out, image, g1, u.dtype)[2], u)
     return implementation(t).smooth_adjoint(t, out, target, image, g1)
 
 

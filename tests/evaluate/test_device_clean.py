@@ -100,3 +100,21 @@ def test_training_and_its_checkpoint_stay_on_the_device(tmp_path, monkeypatch):
     assert counts["launches"] > 0
     for a, b in zip(host, dev):
         np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-12)
+
+
+def test_constants_are_copied_to_the_device_once(monkeypatch):
+    """backend.constant: a host array itself beside host arrays; beside device arrays one device copy
+    per contents, kept (the filter's index tables, LCN's Gaussian), and never a stand-in's for another."""
+    from cotsdl import backend
+
+    host = np.arange(6, dtype=np.int32)
+    assert backend.constant(host, np.zeros(1)) is host
+    with device_backend(monkeypatch):
+        like = backend.cupy_module().zeros(1)
+        first = backend.constant(host, like)
+        assert isinstance(first, DeviceArray) and np.array_equal(first.get(), host)
+        assert backend.constant(host.copy(), like) is first  # the same contents: the kept copy
+        assert backend.constant(host[::-1], like) is not first
+        assert backend.constant(host.reshape(2, 3), like).shape == (2, 3)
+    with device_backend(monkeypatch):  # another CuPy module: its own copies
+        assert backend.constant(host, backend.cupy_module().zeros(1)) is not first

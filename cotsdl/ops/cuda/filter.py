@@ -47,28 +47,15 @@ def _tiles(m: int, n: int, dtype: Any = np.float32) -> dict[str, int]:
     return {"TM": 16 if m <= 16 else 32 if m <= 32 else 64, "TN": 32 if n <= 32 else 64, "RM": 4, "RN": 4}
 
 
-def _device(like: Any) -> int | None:
-    """The current device's index for a device array, None for a host one (the emulator)."""
-    return backend.cupy_module().cuda.Device().id if backend.is_device_array(like) else None
-
-
-def _to(device: int | None, *tables: np.ndarray) -> tuple[Any, ...]:
-    """``tables`` on ``device``, which is the current one (the caches key on it: :func:`_device`)."""
-    if device is None:
-        return tables
-    return tuple(backend.cupy_module().asarray(t) for t in tables)
-
-
 #: The largest offset from a site's corner the kernels' 32-bit index tables can hold.
 MAX_OFFSET = 2**31 - 1
 
 
 @lru_cache(maxsize=64)
-def _offsets(H, W, C, N, SW, rh, rw, block, K, device: int | None = None) -> tuple[Any, Any]:
+def _offsets(H, W, C, N, SW, rh, rw, block, K) -> tuple[np.ndarray, np.ndarray]:
     """xoff[r]: offset of receptive-field element r = (p*rw + q)*C + c from a site's corner in x;
     yoff[m]: offset of neuron m = (a*bw + b)*K + k from a site's corner in y (n excluded).
-    32-bit (cuda/filter.cu says why); kept on ``device`` (a copy per call would cost a synchronous
-    host-to-device transfer)."""
+    32-bit (cuda/filter.cu says why)."""
     p, q, c = np.meshgrid(np.arange(rh, dtype=np.int64), np.arange(rw, dtype=np.int64),
                           np.arange(C, dtype=np.int64), indexing="ij")
     xoff = (((p * W + q) * C + c) * N).ravel()
@@ -84,31 +71,32 @@ def _offsets(H, W, C, N, SW, rh, rw, block, K, device: int | None = None) -> tup
     xoff, yoff = xoff.astype(np.int32), yoff.astype(np.int32)
     xoff.setflags(write=False)  # cached and shared between calls
     yoff.setflags(write=False)
-    return _to(device, xoff, yoff)
+    return xoff, yoff
 
 
 @lru_cache(maxsize=64)
-def _cell_table(C: int, sh: int, sw: int, rh: int, rw: int, M: int, device: int | None = None) -> Any:
+def _cell_table(C: int, sh: int, sw: int, rh: int, rw: int, M: int) -> np.ndarray:
     """Backward-data's decoded indices: rows (dy, dx, c) of a cell, then K entries (ti, tj, m)."""
     dy, dx, c = (a.ravel() for a in np.meshgrid(np.arange(sh), np.arange(sw), np.arange(C), indexing="ij"))
     ci, cj = -(-rh // sh), -(-rw // sw)
     ti, tj, m = (a.ravel() for a in np.meshgrid(np.arange(ci), np.arange(cj), np.arange(M), indexing="ij"))
     tab = np.concatenate([dy, dx, c, ti, tj, m]).astype(np.int32)
     tab.setflags(write=False)  # cached and shared between calls
-    return _to(device, tab)[0]
+    return tab
 
 
 def _gemm_launch(name: str, like: Any, rows: int, cols: int, blocks: int, args: tuple, geom: tuple,
-                 table: Any = None, extra: tuple = ()) -> None:
+                 table: np.ndarray | None = None, extra: tuple = ()) -> None:
     """Launch a filter GEMM kernel; ``table`` replaces ``xoff`` (backward-data's cell indices);
     ``extra``: the kernel's arguments after the geometry."""
     t = _tiles(rows, cols, like.dtype)
     k = kernel("filter.cu", name, like, t)
     H, W, C, N, SH, SW, rh, rw, sh, sw, bh, bw, K = (int(v) for v in geom)
-    xoff, yoff = _offsets(H, W, C, N, SW, rh, rw, (bh, bw), K, _device(like))
+    xoff, yoff = _offsets(H, W, C, N, SW, rh, rw, (bh, bw), K)
     grid = (blocks * -(-cols // t["TN"]), -(-rows // t["TM"]), 1)
-    backend.launch(k, grid, (t["TN"] // t["RN"], t["TM"] // t["RM"]),
-                   args + (xoff if table is None else table, yoff) + geom + extra)
+    backend.launch(k, grid, (t["TN"] // t["RN"], t["TM"] // t["RM"]),  # tables kept on the device
+                   args + (backend.constant(xoff if table is None else table, like), backend.constant(yoff, like))
+                   + geom + extra)
 
 
 def _geom(H, W, C, N, SH, SW, rh, rw, stride, block, K) -> tuple:
@@ -140,8 +128,7 @@ def filter_backward_data(dy: Any, w: Any, stride: tuple[int, int], block: tuple[
     if not by_sites(sh, sw, C):
         dx = xp.empty((H, W, C, N), dy.dtype)
         cells = -(-H // sh) * -(-W // sw)
-        _gemm_launch("filter_bwd_data", dy, sh * sw * C, N, cells, (dy, w, dx), geom,
-                     _cell_table(C, sh, sw, rh, rw, M, _device(dy)))
+        _gemm_launch("filter_bwd_data", dy, sh * sw * C, N, cells, (dy, w, dx), geom, _cell_table(C, sh, sw, rh, rw, M))
         return dx
     # By sites, in chunks of site rows: each chunk's products, then its sums added into dx
     # (a pixel's sites may span two chunks; pixels no site covers stay 0).

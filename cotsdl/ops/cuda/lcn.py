@@ -24,8 +24,8 @@ def corr_axis(u: Any, u_box: Box, out_box: Box, image_hw, g1: np.ndarray, axis: 
     if out.size == 0:
         return out
     dt = np.dtype(u.dtype)
-    g = xp.asarray(g1.astype(dt))
-    zr, zc = (xp.asarray(z[0].astype(dt)), xp.asarray(z[1].astype(dt))) if z is not None else (g, g)
+    g = backend.constant(g1.astype(dt), u)  # kept on the device
+    zr, zc = (backend.constant(z[0].astype(dt), u), backend.constant(z[1].astype(dt), u)) if z is not None else (g, g)
     ints = tuple(np.int32(v) for v in (u_box.lo[0], u_box.lo[1], u_box.shape[0], u_box.shape[1], out_box.lo[0],
                                        out_box.lo[1], out_box.shape[0], out_box.shape[1], N, axis, len(g1),
                                        image_hw[0], image_hw[1], 1 if z is not None else 0))
