@@ -209,7 +209,8 @@ __device__ void col2im(const T* __restrict__ buf, T* __restrict__ dx, Geom g, in
 // and fails on any spill.  The float32 forward asks for two blocks per SM
 // (FWD_MIN_BLOCKS: at most 128 registers for 256 threads) except on the 128 x 128 tile,
 // whose 64 accumulators would spill: on an H100 the paper layer's forward took 14.6 ms
-// at one block per SM (166 registers, 8 warps) and 9.6 ms at two (cuda/README.md).
+// at one block per SM (166 registers, 8 warps) and 9.6 ms at two (cuda/README.md; measured with
+// the 64-bit tables of the time and a 24-byte spill; the 32-bit build is not re-timed yet).
 #define FWD_MIN_BLOCKS (TM * TN > 128 * 96 ? 1 : 2)
 #define COTSDL_FILTER_INSTANCES(T, SUF, FWD_MINB)                                                                  \
     extern "C" __global__ void __launch_bounds__(GT_THREADS, FWD_MINB) filter_fwd_##SUF(                            \

@@ -45,6 +45,7 @@ FILTER_CASES = [  # (H, W, C, N), size, stride, block, K
     ((6, 7, 2, 70), (3, 3), (2, 2), (2, 2), 32),       # M = 128: the 128 x 96 float32 tile
     ((5, 5, 3, 64), (3, 2), (1, 2), (4, 1), 32),       # M = 128, N = 64: the 128 x 64 tile
     ((4, 5, 1, 128), (2, 3), (2, 1), (1, 1), 130),     # M = 130, N = 128: the 128 x 128 tile, a partial M tile
+    ((9, 11, 2, 3), (2, 2), (3, 4), (1, 1), 2),        # strides past the field both ways: pixels no site covers
 ]
 
 

@@ -294,7 +294,7 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
                     rec["fraction_of_cublas_sgemm"] = rec["GFLOPs"] / dev["cublas_sgemm_GFLOPs"]
                 if "matmul" in times:
                     rec["matmul_alone_seconds"] = times["matmul"]
-                    rec["matmul_alone_fraction_of_sgemm"] = cost.flops / times["matmul"] / 1e9 / ceiling
+                    rec[f"matmul_alone_{fkey}"] = cost.flops / times["matmul"] / 1e9 / ceiling
                     rec["fraction_of_matmul_alone"] = times["matmul"] / t
             elif dev is not None:
                 rec["fraction_of_bandwidth"] = rec["GBps"] / dev["memory_GBps"]
@@ -315,7 +315,7 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
             frac = f"{rec[fkey]:9.2f}" if fkey in rec else f"{'':9}"
             mm = ""
             if alone:
-                mm = (f"{rec['matmul_alone_fraction_of_sgemm']:7.2f} {rec['fraction_of_matmul_alone']:6.2f} "
+                mm = (f"{rec[f'matmul_alone_{fkey}']:7.2f} {rec['fraction_of_matmul_alone']:6.2f} "
                       if "matmul_alone_seconds" in rec else f"{'':7} {'':6} ")
             gbs = f"{rec['GBps']:8.2f}" if not name.startswith(("filter", "train")) else f"{'':8}"
             say(f"{sh.name:9} {name:18} {t * 1e3:9.3f} {rec['GFLOPs']:9.1f} {frac} {mm}{gbs}" + "".join(cells))

@@ -77,15 +77,16 @@ def split_layers(network: Network, batch: int, dims: Sequence[int], stages: Sequ
 def choose_overlap(network: Network, batch: int, ranks: int, dims: Sequence[int] | None, replicas: int,
                    machine: dict[str, Any] | None, *, stages: Sequence[int] | None = None, dtype: str = "float32",
                    optimizer_slots: int = 2, ranks_per_node: int | None = None, tied: bool = True,
-                   no_machine: str = "no machine model", margin: float = MARGIN) -> OverlapChoice:
+                   no_machine: str = "no machine model", margin: float = MARGIN,
+                   group_on_one_node: bool | None = None) -> OverlapChoice:
     """Overlap on only where the model predicts a gain of more than ``margin`` of the step.
 
     Off without halos to hide (one rank per model group, or a grid that splits no layer).
-    Without a ``machine`` (``no_machine`` says why) the rule is: on where halos cross nodes,
-    off where all ``ranks`` share one node (``ranks_per_node`` of them or more), where halos
-    are memory copies and overlap's split passes only cost (measured on this project's 2-core
-    machine: 1-7% in issue 21, 11.7% [6.4%, 25.3%] on a 64x64 demo's stage 0); with
-    ``ranks_per_node`` unknown, on where halos exist.
+    Without a ``machine`` (``no_machine`` says why) the rule is: off where each model group's
+    ranks share one node (``group_on_one_node``; if None, where all ``ranks`` are on one node of
+    ``ranks_per_node``), since halos there are memory copies and overlap's split passes only
+    cost (measured on this project's 2-core machine: 1-7% in issue 21, 11.7% [6.4%, 25.3%] on
+    a 64x64 demo's stage 0); on where they cross nodes; on where halos exist if neither is known.
     The arguments are :func:`~cotsdl.planner.predict_step`'s (``batch`` per replica; ``dims``
     None: the grid training chooses); ``stages``: the stages trained (all by default).
     """
@@ -103,12 +104,14 @@ def choose_overlap(network: Network, batch: int, ranks: int, dims: Sequence[int]
     if not n:
         return OverlapChoice(False, f"no layer of grid {grid} receives halos, nothing to hide")
     if machine is None:
-        if ranks_per_node is not None and ranks <= int(ranks_per_node):
-            return OverlapChoice(False, f"{n} layer(s) exchange halos on grid {grid}, but all {ranks} ranks share "
-                                        f"one node; {no_machine}, so the rule without a model: on only where halos "
-                                        "cross nodes (within a node they are memory copies, and overlap's split "
-                                        "passes cost more than they hide)")
-        where = "halos cross nodes" if ranks_per_node is not None else "halos exist"
+        if group_on_one_node is None and ranks_per_node is not None:
+            group_on_one_node = ranks <= int(ranks_per_node)
+        if group_on_one_node:
+            return OverlapChoice(False, f"{n} layer(s) exchange halos on grid {grid}, but each model group's {group} "
+                                        f"ranks share one node; {no_machine}, so the rule without a model: on only "
+                                        "where halos cross nodes (within a node they are memory copies, and "
+                                        "overlap's split passes cost more than they hide)")
+        where = "halos exist" if group_on_one_node is None else "halos cross nodes"
         return OverlapChoice(True, f"{n} layer(s) exchange halos on grid {grid}; {no_machine}, so the rule "
                                    f"without a model: on where {where}")
     kw = dict(dtype=dtype, optimizer_slots=optimizer_slots, ranks_per_node=ranks_per_node, tied=tied)

@@ -189,6 +189,8 @@ class GreedyTrainer:
         from ..planner.overlap import choose_overlap, model_machine, with_load_warning  # noqa: PLC0415 - "auto" only
 
         per_node = node_local_size(self.world)  # (collective) ranks sharing a node share its cores
+        group = self.decomposition.grid.comm  # (collective) does every model group sit on one node?
+        together = bool(self.world.allreduce(int(node_local_size(group) == group.Get_size()), op=MPI.MIN))
         pids, cpus = load.job_on_host(self.world)  # (collective) the load now is of processes outside the run
         choice, err = None, None
         if self.world.Get_rank() == 0:
@@ -196,7 +198,7 @@ class GreedyTrainer:
                 machine, why = model_machine()
                 choice = choose_overlap(network, batch, self.world.Get_size(), self.decomposition.grid.dims, replicas,
                                         machine, dtype=dtype.name, optimizer_slots=slots, ranks_per_node=per_node,
-                                        tied=bool(tied), no_machine=why)
+                                        tied=bool(tied), no_machine=why, group_on_one_node=together)
                 choice = with_load_warning(choice, machine, pids, cpus)
             except Exception as e:  # noqa: BLE001 - reported on every rank below
                 err = (f'overlap = "auto": the run planner failed ({type(e).__name__}: {e}); give overlap=True or '

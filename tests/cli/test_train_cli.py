@@ -70,7 +70,7 @@ def test_train_resume_complete(setup):
     assert "stage 1: loss" in log
     said = next(line for line in log.splitlines() if line.startswith("grid 2x1 x 1 replica(s); overlap "))
     assert said.startswith("grid 2x1 x 1 replica(s); overlap off (auto: 4 layer(s) exchange halos on grid 2x1, "
-                           "but all 2 ranks share one node; no ./machine.json") and "on only where halos cross nodes" \
+                           "but each model group's 2 ranks share one node; no ./machine.json") and "on only where halos cross nodes" \
         in said, said
     again = cotsdl("train", str(cfg))
     assert again.returncode == 0 and "is already complete" in again.stdout

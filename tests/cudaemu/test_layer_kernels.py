@@ -70,21 +70,22 @@ def test_filter_kernels(case, dtype, order):
                                                          accumulate=True, also=(x2, dy2))), dtype)
 
 
-@pytest.mark.parametrize("way", ["cells", "sites", "sites, one row of sites at a time"])
+@pytest.mark.parametrize("way", ["cells", "sites", "sites, one row of sites at a time", "sites, two rows at a time"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", FILTER_CASES)
 def test_backward_data_every_way(case, dtype, way, monkeypatch):
     """Both ways of backward-data (cuda/filter.cu), whichever by_sites would choose, and the
-    way by sites in as many chunks as there are rows of sites."""
+    way by sites in chunks of one row of sites, or of two (the last one partial where the rows are odd)."""
     from cotsdl.ops.cuda import filter as cuda_filter
 
-    monkeypatch.setattr(cuda_filter, "by_sites", lambda *a: way != "cells")
-    if way.startswith("sites,"):
-        monkeypatch.setattr(cuda_filter, "SITES_BUFFER_BYTES", 1)
     shape, size, stride, block, K = case
     rng = np.random.default_rng(sum(shape) + 1)
     H, W, C, N = shape
     SH, SW = (H - size[0]) // stride[0] + 1, (W - size[1]) // stride[1] + 1
+    monkeypatch.setattr(cuda_filter, "by_sites", lambda *a: way != "cells")
+    if way.startswith("sites,"):
+        rows = 1 if "one row" in way else 2
+        monkeypatch.setattr(cuda_filter, "SITES_BUFFER_BYTES", rows * SW * size[0] * size[1] * C * N * np.dtype(dtype).itemsize)
     w = rng.standard_normal((SH, SW, block[0] * block[1] * K, size[0], size[1], C)).astype(dtype)
     dy = rng.standard_normal((SH * block[0], SW * block[1], K, N)).astype(dtype)
     close(*both(lambda: ops.local_filter_backward_data(dy, w, stride, block, input_shape=shape)), dtype)
@@ -144,5 +145,12 @@ def test_offsets_too_large_for_32_bits_are_refused(monkeypatch):
         monkeypatch.setattr(cuda_filter, "MAX_OFFSET", last)  # exactly fits
         with backend.using("cuda-emu"):
             assert ops.local_filter(x, w, (3, 2), (1, 1)).shape == (2, 3, 4, 5)
+        # y's offsets: 1x1 fields, blocks of 3x3x4 units on 6x7 sites; backward-data reads dy through them
+        dy, w1 = np.zeros((18, 21, 4, 5), np.float32), np.zeros((6, 7, 36, 1, 1, 1), np.float32)
+        cuda_filter._offsets.cache_clear()
+        last_y = ((2 * 7 * 3 + 2) * 4 + 3) * 5 + 5 - 1
+        monkeypatch.setattr(cuda_filter, "MAX_OFFSET", last_y - 1)
+        with backend.using("cuda-emu"), pytest.raises(ValueError, match=r"output y spans 900 elements"):
+            ops.local_filter_backward_data(dy, w1, (1, 1), (3, 3), input_shape=(6, 7, 1, 5))
     finally:
         cuda_filter._offsets.cache_clear()

@@ -116,5 +116,7 @@ def test_constants_are_copied_to_the_device_once(monkeypatch):
         assert backend.constant(host.copy(), like) is first  # the same contents: the kept copy
         assert backend.constant(host[::-1], like) is not first
         assert backend.constant(host.reshape(2, 3), like).shape == (2, 3)
+        as_float = backend.constant(host.view(np.float32), like)  # the same bytes, another dtype
+        assert as_float is not first and as_float.dtype == np.float32
     with device_backend(monkeypatch):  # another CuPy module: its own copies
         assert backend.constant(host, backend.cupy_module().zeros(1)) is not first

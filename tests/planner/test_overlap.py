@@ -68,10 +68,15 @@ def test_without_a_machine_the_rule_is_on_where_halos_cross_nodes():
     for ranks, per_node in ((2, 2), (4, 8)):  # every rank on one node: halos are memory copies
         one = choose_overlap(demo(), 32, ranks, None, 1, None, ranks_per_node=per_node, no_machine="no ./machine.json")
         assert not one.on and one.seconds_on is None
-        assert f"but all {ranks} ranks share one node; no ./machine.json, so the rule without a model: on only " \
-               "where halos cross nodes" in one.reason
+        assert f"but each model group's {ranks} ranks share one node; no ./machine.json, so the rule without a " \
+               "model: on only where halos cross nodes" in one.reason
     across = choose_overlap(demo(), 32, 4, None, 1, None, ranks_per_node=2, no_machine="no ./machine.json")
     assert across.on and across.reason.endswith("the rule without a model: on where halos cross nodes")
+    # what the trainer knows: whether each model group is on one node, whatever the world spans
+    within = choose_overlap(demo(), 32, 8, None, 2, None, ranks_per_node=4, group_on_one_node=True)
+    assert not within.on and "each model group's 4 ranks share one node" in within.reason
+    spread = choose_overlap(demo(), 32, 4, None, 1, None, ranks_per_node=4, group_on_one_node=False)
+    assert spread.on and spread.reason.endswith("on where halos cross nodes")
     # a model decides whatever the nodes
     assert choose_overlap(demo(), 32, 4, (2, 2), 1, SLOW, ranks_per_node=4).on
 
