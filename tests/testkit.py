@@ -48,6 +48,28 @@ FILTER_CASES = [  # (H, W, C, N), size, stride, block, K
     ((9, 11, 2, 3), (2, 2), (3, 4), (1, 1), 2),        # strides past the field both ways: pixels no site covers
 ]
 
+#: The CUDA backend's ways of backward-data (cotsdl/ops/cuda/filter.py), by sites in chunks too.
+BACKWARD_DATA_WAYS = ["cells", "sites", "sites, one row of sites at a time", "sites, two rows at a time"]
+
+
+def backward_data_case(case, dtype, way, monkeypatch, rng):
+    """(dy, w) of FILTER_CASES' ``case``, with the CUDA backend's backward-data forced to go ``way``: by
+    cells or by sites, whichever its rule would choose, and by sites in chunks of one or two rows of
+    sites (the last one partial where the rows are odd)."""
+    import numpy as np
+
+    from cotsdl.ops.cuda import filter as cuda_filter
+
+    (H, W, C, N), size, stride, block, K = case
+    SH, SW = (H - size[0]) // stride[0] + 1, (W - size[1]) // stride[1] + 1
+    monkeypatch.setattr(cuda_filter, "by_sites", lambda *a: way != "cells")
+    if way.startswith("sites,"):
+        rows = 1 if "one row" in way else 2
+        monkeypatch.setattr(cuda_filter, "SITES_BUFFER_BYTES", rows * SW * size[0] * size[1] * C * N * np.dtype(dtype).itemsize)
+    w = rng.standard_normal((SH, SW, block[0] * block[1] * K, size[0], size[1], C)).astype(dtype)
+    dy = rng.standard_normal((SH * block[0], SW * block[1], K, N)).astype(dtype)
+    return dy, w
+
 
 def tiny_config(data, run, steps, every, size=12, c0=3, c1=2, keep=3) -> str:
     return TINY_CONFIG.format(data=data, run=run, steps=steps, every=every, size=size, c0=c0, c1=c1, keep=keep)

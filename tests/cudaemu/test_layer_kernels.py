@@ -11,7 +11,7 @@ import pytest
 from cotsdl import backend, ops
 from cotsdl.ops._dispatch import implementation
 from cotsdl.cudaemu import asan_environment
-from testkit import FILTER_CASES
+from testkit import BACKWARD_DATA_WAYS, FILTER_CASES, backward_data_case
 
 ORDERS = ["forward", "reverse"]
 
@@ -70,24 +70,13 @@ def test_filter_kernels(case, dtype, order):
                                                          accumulate=True, also=(x2, dy2))), dtype)
 
 
-@pytest.mark.parametrize("way", ["cells", "sites", "sites, one row of sites at a time", "sites, two rows at a time"])
+@pytest.mark.parametrize("way", BACKWARD_DATA_WAYS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", FILTER_CASES)
 def test_backward_data_every_way(case, dtype, way, monkeypatch):
-    """Both ways of backward-data (cuda/filter.cu), whichever by_sites would choose, and the
-    way by sites in chunks of one row of sites, or of two (the last one partial where the rows are odd)."""
-    from cotsdl.ops.cuda import filter as cuda_filter
-
-    shape, size, stride, block, K = case
-    rng = np.random.default_rng(sum(shape) + 1)
-    H, W, C, N = shape
-    SH, SW = (H - size[0]) // stride[0] + 1, (W - size[1]) // stride[1] + 1
-    monkeypatch.setattr(cuda_filter, "by_sites", lambda *a: way != "cells")
-    if way.startswith("sites,"):
-        rows = 1 if "one row" in way else 2
-        monkeypatch.setattr(cuda_filter, "SITES_BUFFER_BYTES", rows * SW * size[0] * size[1] * C * N * np.dtype(dtype).itemsize)
-    w = rng.standard_normal((SH, SW, block[0] * block[1] * K, size[0], size[1], C)).astype(dtype)
-    dy = rng.standard_normal((SH * block[0], SW * block[1], K, N)).astype(dtype)
+    """Every way of backward-data (cuda/filter.cu) on every case, whichever by_sites would choose."""
+    dy, w = backward_data_case(case, dtype, way, monkeypatch, np.random.default_rng(sum(case[0]) + 1))
+    shape, _, stride, block, _ = case
     close(*both(lambda: ops.local_filter_backward_data(dy, w, stride, block, input_shape=shape)), dtype)
 
 

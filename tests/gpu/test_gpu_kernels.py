@@ -6,7 +6,7 @@ import pytest
 
 from cotsdl.array import boxcopy
 from cotsdl.array.box import Box
-from testkit import FILTER_CASES
+from testkit import BACKWARD_DATA_WAYS, FILTER_CASES, backward_data_case
 
 HERE = Path(__file__).resolve().parent.parent / "cudaemu"
 
@@ -96,25 +96,16 @@ def test_layer_kernels_on_device_equal_numpy(cp, dtype, case):
     same(ops.lcn_backward(cp.asarray(dz), X, 3, 1.0, 1e-3), ops.lcn_backward(dz, x, 3, 1.0, 1e-3))
 
 
-@pytest.mark.parametrize("way", ["cells", "sites", "sites, one row of sites at a time", "sites, two rows at a time"])
+@pytest.mark.parametrize("way", BACKWARD_DATA_WAYS)
 @pytest.mark.parametrize("case", FILTER_CASES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_backward_data_every_way_on_device(cp, dtype, case, way, monkeypatch):
     from cotsdl import ops
-    from cotsdl.ops.cuda import filter as cuda_filter
 
-    (H, W, C, N), size, stride, block, K = case
-    rng = np.random.default_rng(1)
-    SH, SW = (H - size[0]) // stride[0] + 1, (W - size[1]) // stride[1] + 1
-    monkeypatch.setattr(cuda_filter, "by_sites", lambda *a: way != "cells")
-    if way.startswith("sites,"):
-        rows = 1 if "one row" in way else 2
-        monkeypatch.setattr(cuda_filter, "SITES_BUFFER_BYTES", rows * SW * size[0] * size[1] * C * N * np.dtype(dtype).itemsize)
-    w = rng.standard_normal((SH, SW, block[0] * block[1] * K, size[0], size[1], C)).astype(dtype)
-    dy = rng.standard_normal((SH * block[0], SW * block[1], K, N)).astype(dtype)
-    ref = ops.local_filter_backward_data(dy, w, stride, block, input_shape=(H, W, C, N))
-    got = cp.asnumpy(ops.local_filter_backward_data(cp.asarray(dy), cp.asarray(w), stride, block,
-                                                    input_shape=(H, W, C, N)))
+    dy, w = backward_data_case(case, dtype, way, monkeypatch, np.random.default_rng(1))
+    shape, _, stride, block, _ = case
+    ref = ops.local_filter_backward_data(dy, w, stride, block, input_shape=shape)
+    got = cp.asnumpy(ops.local_filter_backward_data(cp.asarray(dy), cp.asarray(w), stride, block, input_shape=shape))
     tol = 1e-5 if dtype == np.float32 else 1e-12
     assert float(np.abs(got - ref).max()) <= tol * max(float(np.abs(ref).max()), 1e-30)
 
