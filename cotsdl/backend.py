@@ -87,20 +87,28 @@ def copy_from_host(src: np.ndarray, dst: Any) -> None:
         np.copyto(dst, src)
 
 
-def constant(a: np.ndarray, like: Any) -> Any:
+def constant(a: np.ndarray, like: Any, key: Any = None) -> Any:
     """Read-only host array ``a`` for use beside ``like``: ``a`` itself beside host arrays; beside
-    device arrays a copy on the current device, made once per (contents, device) and kept (a copy
-    per call would be a synchronous host-to-device transfer).  Nothing may write the result."""
+    device arrays a copy on the current device, made once and kept (a copy per call would be a
+    synchronous host-to-device transfer).  Kept per ``key`` (hashable: whatever determines ``a``,
+    which spares hashing a large array's bytes on every call), else per contents; and per dtype,
+    shape, device and array module.  Nothing may write the result."""
     if not is_device_array(like):
         return a
     a, cupy = np.ascontiguousarray(a), cupy_module()
-    return _device_constant(a.tobytes(), a.dtype.str, a.shape, cupy.cuda.Device().id, cupy)
+    # the module too: a stand-in CuPy's arrays (tests) never reach the real one's kernels
+    k = (a.tobytes() if key is None else ("key", key), a.dtype.str, a.shape, cupy.cuda.Device().id, cupy)
+    kept = _CONSTANTS.pop(k, None)
+    if kept is None:
+        kept = cupy.asarray(a)
+        if len(_CONSTANTS) >= _CONSTANTS_KEPT:
+            del _CONSTANTS[next(iter(_CONSTANTS))]  # the least recently used
+    _CONSTANTS[k] = kept
+    return kept
 
 
-@lru_cache(maxsize=256)
-def _device_constant(data: bytes, dtype: str, shape: tuple[int, ...], device: int, cupy: Any) -> Any:
-    # keyed on the module too: a stand-in CuPy's arrays (tests) never reach the real one's kernels
-    return cupy.asarray(np.frombuffer(data, dtype).reshape(shape))
+_CONSTANTS: dict = {}  # insertion order = use order (constant() re-inserts on every use)
+_CONSTANTS_KEPT = 256
 
 
 def cuda_dir() -> Path:

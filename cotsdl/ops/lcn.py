@@ -55,7 +55,11 @@ def _renorm(out: Box, image: Box, g1: np.ndarray, dtype) -> tuple[np.ndarray, np
     """Border weights of the window over ``out``: rows zr, columns zc, and Z = zr zc^T (h, w, 1).
 
     Kept per (box, image, window, dtype): a layer asks for the same few every step (read-only)."""
-    return _renorm_cached(out.lo, out.hi, image.hi, np.asarray(g1, np.float64).tobytes(), np.dtype(dtype).str)
+    return _renorm_cached(*_renorm_key(out, image, g1, dtype))
+
+
+def _renorm_key(out: Box, image: Box, g1: np.ndarray, dtype) -> tuple:
+    return out.lo, out.hi, image.hi, np.asarray(g1, np.float64).tobytes(), np.dtype(dtype).str
 
 
 @lru_cache(maxsize=256)
@@ -83,7 +87,8 @@ def smooth_adjoint(u: np.ndarray, out: Box, target: Box, image: Box, g1: np.ndar
     xp = backend.array_module(u)
     if out.is_empty or target.is_empty:
         return xp.zeros(target.shape + u.shape[2:], u.dtype)
-    t = u / backend.constant(_renorm(out, image, g1, u.dtype)[2], u)
+    key = _renorm_key(out, image, g1, u.dtype)  # Z is a box's size: kept on a device by its key, not its bytes
+    t = u / backend.constant(_renorm_cached(*key)[2], u, key=("lcn.Z",) + key)
     return implementation(t).smooth_adjoint(t, out, target, image, g1)
 
 

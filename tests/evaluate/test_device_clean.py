@@ -118,5 +118,13 @@ def test_constants_are_copied_to_the_device_once(monkeypatch):
         assert backend.constant(host.reshape(2, 3), like).shape == (2, 3)
         as_float = backend.constant(host.view(np.float32), like)  # the same bytes, another dtype
         assert as_float is not first and as_float.dtype == np.float32
+        keyed = backend.constant(host, like, key=("table", 6))  # kept by the caller's key, bytes unread
+        assert keyed is not first and backend.constant(host + 0, like, key=("table", 6)) is keyed
+        monkeypatch.setattr(backend, "_CONSTANTS_KEPT", 2)  # the least recently used goes first
+        monkeypatch.setattr(backend, "_CONSTANTS", {})
+        a, b = (backend.constant(host, like, key=k) for k in ("a", "b"))
+        assert backend.constant(host, like, key="a") is a  # a used last: b goes when c comes
+        backend.constant(host, like, key="c")
+        assert backend.constant(host, like, key="a") is a and backend.constant(host, like, key="b") is not b
     with device_backend(monkeypatch):  # another CuPy module: its own copies
         assert backend.constant(host, backend.cupy_module().zeros(1)) is not first

@@ -86,17 +86,18 @@ def _cell_table(C: int, sh: int, sw: int, rh: int, rw: int, M: int) -> np.ndarra
 
 
 def _gemm_launch(name: str, like: Any, rows: int, cols: int, blocks: int, args: tuple, geom: tuple,
-                 table: np.ndarray | None = None, extra: tuple = ()) -> None:
-    """Launch a filter GEMM kernel; ``table`` replaces ``xoff`` (backward-data's cell indices);
-    ``extra``: the kernel's arguments after the geometry."""
+                 table: Any = None, extra: tuple = ()) -> None:
+    """Launch a filter GEMM kernel; ``table`` replaces ``xoff`` (backward-data's cell indices, as
+    :func:`backend.constant` gives them); ``extra``: the kernel's arguments after the geometry."""
     t = _tiles(rows, cols, like.dtype)
     k = kernel("filter.cu", name, like, t)
     H, W, C, N, SH, SW, rh, rw, sh, sw, bh, bw, K = (int(v) for v in geom)
-    xoff, yoff = _offsets(H, W, C, N, SW, rh, rw, (bh, bw), K)
+    key = (H, W, C, N, SW, rh, rw, (bh, bw), K)
+    xoff, yoff = _offsets(*key)
+    first = backend.constant(xoff, like, ("xoff",) + key) if table is None else table
     grid = (blocks * -(-cols // t["TN"]), -(-rows // t["TM"]), 1)
     backend.launch(k, grid, (t["TN"] // t["RN"], t["TM"] // t["RM"]),  # tables kept on the device
-                   args + (backend.constant(xoff if table is None else table, like), backend.constant(yoff, like))
-                   + geom + extra)
+                   args + (first, backend.constant(yoff, like, ("yoff",) + key)) + geom + extra)
 
 
 def _geom(H, W, C, N, SH, SW, rh, rw, stride, block, K) -> tuple:
@@ -128,7 +129,9 @@ def filter_backward_data(dy: Any, w: Any, stride: tuple[int, int], block: tuple[
     if not by_sites(sh, sw, C):
         dx = xp.empty((H, W, C, N), dy.dtype)
         cells = -(-H // sh) * -(-W // sw)
-        _gemm_launch("filter_bwd_data", dy, sh * sw * C, N, cells, (dy, w, dx), geom, _cell_table(C, sh, sw, rh, rw, M))
+        ck = (C, sh, sw, rh, rw, M)
+        _gemm_launch("filter_bwd_data", dy, sh * sw * C, N, cells, (dy, w, dx), geom,
+                     backend.constant(_cell_table(*ck), dy, ("cells",) + ck))
         return dx
     # By sites, in chunks of site rows: each chunk's products, then its sums added into dx
     # (a pixel's sites may span two chunks; pixels no site covers stay 0).
