@@ -76,6 +76,22 @@ def test_pool_native_is_bitwise_numpy(case, threads):
         parallel.set_num_threads(None)
 
 
+@pytest.mark.parametrize("size", [(1, 1), (2, 2), (2, 3), (3, 1), (3, 3), (4, 2)])
+@pytest.mark.parametrize("rows", [1, 4, 9])
+def test_pool_rows_at_once_are_bitwise_numpy(size, rows):
+    # stride 1 along H: the kernel takes several output rows at once (POOL_ROWS), the rest one by
+    # one; 9 rows on one thread are two blocks and a remainder, on two threads two bands
+    rng = np.random.default_rng(rows)
+    for dtype in (np.float32, np.float64):
+        x = rng.standard_normal((rows + size[0] - 1, 7, 3, 8)).astype(dtype)
+        for threads in (1, 2):
+            parallel.set_num_threads(threads)
+            try:
+                assert_same(*both(lambda: ops.l2_pool(x, size, (1, 2), 0.01)))
+            finally:
+                parallel.set_num_threads(None)
+
+
 def test_pool_layout_the_kernel_cannot_take_falls_back():
     x = np.random.default_rng(0).standard_normal((6, 5, 4, 3)).astype(np.float32)
     xt = x.transpose(0, 1, 3, 2).copy().transpose(0, 1, 3, 2)  # channels and images swapped in memory
