@@ -30,8 +30,9 @@ using idx = long;
 // sizes fixed at compile time: the sums stay in registers and the input streams through
 // once (P-paper's 2x2: 9 -> 6 ms on one core against a buffered loop).  With stride 1
 // along H, POOL_ROWS output rows go at once: the input rows they share are loaded and
-// squared once, not once per window (P-paper's 2x2, stride 1: 3.8 -> 2.3 ms on one core,
-// 2.5 -> 1.9 ms on two, where torch.compile's fused loop took 2.7 and 2.1).
+// squared once, not once per window (P-paper's 2x2, stride 1, the loop built standalone and
+// timed in the same rounds as the old one: 3.8 -> 2.3 ms on one core, 2.5 -> 1.9 ms on two,
+// where torch.compile's fused loop took 2.7 and 2.1; eight rows at once no longer vectorize).
 constexpr int POOL_ROWS = 4;
 
 // R output rows [i, i + R) at pixel column j (input rows R + PH - 1 from ``a`` on, one
