@@ -17,6 +17,7 @@ from ..array.messages import transfers
 from ..array.partition import grid_coords
 from ..nn.layout import layout, split_sites
 from ..nn.network import Network
+from ..ops.cuda.filter import by_sites, sites_rows
 
 #: Weight-sized work arrays an optimizer's update keeps besides its slots (at most two: Adam's
 #: m_hat and v_hat, AdaGrad's and RMSProp's numerator and denominator; see train/optim.py).
@@ -58,6 +59,9 @@ class LayerCounts:
     #: bytes the exchange copies from the rank's own block into its window: ``local``, or 0 where the
     #: window is the owned block (``LayerBoxes.window_is_owned``: NetworkPlan uses the input itself)
     copied: np.ndarray
+    #: bytes of device scratch the layer's backward-data holds on a GPU: the site products of
+    #: backward-data by sites (``ops.cuda.filter.sites_rows``); 0 by cells and for other layers
+    scratch: np.ndarray | None = None
     name: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -83,8 +87,9 @@ def layer_counts(network: Network, batch: int, dims: Sequence[int], itemsize: in
         arr = lambda: np.zeros(G)  # noqa: E731
         sent, recv, local, ms, mr, strips, copied = arr(), arr(), arr(), arr(), arr(), arr(), arr()
         passes = {p: (arr(), arr()) for p in whole}
-        prank = arr()
+        prank, scratch = arr(), arr()
         wshape = layer.weight_shape(first.in_shape) if layer.kind == "filter" else None
+        gpu_by_sites = wshape is not None and by_sites(*layer.stride, first.in_shape[2])
         for r in range(G):
             s, rc = transfers(r, owned, windows)
             sent[r] = sum(t.box.size for t in s if t.peer != r) * itemsize
@@ -104,11 +109,14 @@ def layer_counts(network: Network, batch: int, dims: Sequence[int], itemsize: in
                 passes[p][0][r], passes[p][1][r] = c.flops * share, mine[p].bytes
             if wshape is not None:
                 prank[r] = lb.sites.size * math.prod(wshape[2:])
+            if gpu_by_sites:
+                (SH, SW), R, N = lb.sites.shape, math.prod(wshape[3:]), first.in_shape[3]
+                scratch[r] = sites_rows(SH, SW, R, N, itemsize) * SW * R * N * itemsize
         out.append(LayerCounts(li, network.stage_of(li), layer.kind, layer, first.in_shape, first.out_shape,
                                math.prod(wshape) if wshape else 0, prank, passes,
                                np.array([b.size for b in owned], float), np.array([b.size for b in windows], float),
                                np.array([r[li].out.size for r in rows], float), sent, recv, local, ms, mr, strips,
-                               copied))
+                               copied, scratch))
     return out
 
 
@@ -210,7 +218,7 @@ def step_ops(network: Network, counts: list[LayerCounts], stage: int, batch: int
 
 
 def memory(network: Network, counts: list[LayerCounts], stage: int, itemsize: int, optimizer_slots: int,
-           tied: bool = True) -> dict[str, Any]:
+           tied: bool = True, gpu: bool = False) -> dict[str, Any]:
     """Bytes per rank (arrays over ranks) in one step of ``stage``, by category and by layer.
 
     Weights: every filter layer's block (twice untied).  Gradients: the stage's gradient block
@@ -220,7 +228,8 @@ def memory(network: Network, counts: list[LayerCounts], stage: int, itemsize: in
     the step keeps alive at its peak -- windows, outputs (and LCN caches, about an output)
     of the frozen layers below, then the objective's arrays (3 windows of the filter input,
     3 blocks of the stage input, 4 filter outputs, 2 pool windows, 2 pool outputs).
-    Buffers: packed send and receive buffers of every exchange of the step.
+    Buffers: packed send and receive buffers of every exchange of the step, and with ``gpu`` the
+    site products the filter's backward-data holds where it goes by sites (``LayerCounts.scratch``).
     """
     f, p = network.layer_index(stage, "filter"), network.layer_index(stage, "pool")
     copies = 1 if tied else 2
@@ -239,6 +248,8 @@ def memory(network: Network, counts: list[LayerCounts], stage: int, itemsize: in
     by_layer[p]["activations"] += (2 * cp.window_elems + 2 * cp.out_elems) * itemsize
     for c in counts[:p + 1]:  # the adjoint's packed buffers are its own
         by_layer[c.index]["buffers"] += (c.sent + c.received) * (2 if c.index in (f, p) else 1)
+    if gpu and cf.scratch is not None:  # the decoder's backward-data, at most one at a time
+        by_layer[f]["buffers"] += cf.scratch
     out = {k: sum(d[k] for d in by_layer.values()) for k in cats}
     out["total"] = sum(out[k] for k in cats)
     out["by_layer"] = by_layer

@@ -144,7 +144,7 @@ def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] |
     if overlap:
         times = _overlapped(ops, per_rank, times, counts, machine, share)
     tot = {k: float(sum(t for t, op in zip(times, ops) if op.kind == k)) for k in ("compute", "exchange", "reduce")}
-    mem = memory(network, counts, stage, itemsize, optimizer_slots, tied)
+    mem = memory(network, counts, stage, itemsize, optimizer_slots, tied, gpu=machine["kind"] == "gpu")
     worst = int(np.argmax(mem["total"]))
     layers = []
     for c in counts:

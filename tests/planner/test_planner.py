@@ -239,3 +239,33 @@ def test_paper_configs_have_the_stated_sizes(tag):
     assert all(16 <= n.layers[i].size[0] <= 20 for i in n.filter_layers())
     params = sum(c.params for c in layer_counts(n, 1, (1, 1)))
     assert abs(params / PAPER[tag] - 1) < 0.05, params
+
+
+@pytest.mark.parametrize("dims", [(1, 1), (2, 2)])
+def test_gpu_memory_holds_backward_datas_site_products(dims, monkeypatch):
+    """On a GPU a filter whose backward-data goes by sites (ops.cuda.filter.by_sites) holds that many
+    whole site rows' products at once; on a CPU, and by cells, nothing."""
+    from cotsdl.ops.cuda import filter as cuda_filter  # noqa: PLC0415
+    from cotsdl.array.partition import grid_coords  # noqa: PLC0415
+    from cotsdl.nn.layout import layout  # noqa: PLC0415
+    from cotsdl.planner.model import memory  # noqa: PLC0415
+
+    net, batch = tiny(), 4
+    gpu = load_machine("gtx680-fdr")
+    cpu = validate_machine({**PRESETS["gtx680-fdr"], "kind": "cpu"})
+    layer = net.layers[0]
+    (rh, rw), C = layer.size, net.input_shape[2]
+    R = rh * rw * C
+    assert cuda_filter.by_sites(*layer.stride, C) and not cuda_filter.by_sites(2, 2, 16)
+    row = lambda sw: sw * R * batch * 4  # noqa: E731 - one row of site products, float32
+    for budget in (cuda_filter.SITES_BUFFER_BYTES, 2 * row(11)):  # the default; two whole rows
+        monkeypatch.setattr(cuda_filter, "SITES_BUFFER_BYTES", budget)
+        counts = layer_counts(net, batch, dims)
+        on_gpu, on_cpu = (memory(net, counts, 0, 4, 2, gpu=g)["buffers"] for g in (True, False))
+        want = []
+        for coords in grid_coords(dims):  # each rank's sites, in the order of the counts' arrays
+            SH, SW = layout(net, dims, coords, batch)[1][0].sites.shape
+            want.append(min(SH, max(1, budget // row(SW))) * row(SW))
+        np.testing.assert_allclose(on_gpu - on_cpu, want)
+    assert predict_step(net, batch, 1, (1, 1), 1, gpu)["memory"]["buffers"] > \
+        predict_step(net, batch, 1, (1, 1), 1, cpu)["memory"]["buffers"]

@@ -37,6 +37,12 @@ def by_sites(sh: int, sw: int, C: int) -> bool:
     return sh * sw * C < CELL_ROWS
 
 
+def sites_rows(SH: int, SW: int, R: int, N: int, itemsize: int) -> int:
+    """Rows of sites whose products backward-data by sites holds at once: as many whole rows as
+    fit in :data:`SITES_BUFFER_BYTES`, at least one, at most all ``SH``."""
+    return max(1, min(SH, SITES_BUFFER_BYTES // max(1, SW * R * N * itemsize)))
+
+
 def _tiles(m: int, n: int, dtype: Any = np.float32) -> dict[str, int]:
     """GEMM tile for an (m x k)(k x n) product: small products get small tiles so fewer
     threads idle; large float32 ones 128-row tiles with 8 x RN outputs per thread (more
@@ -137,7 +143,7 @@ def filter_backward_data(dy: Any, w: Any, stride: tuple[int, int], block: tuple[
     # (a pixel's sites may span two chunks; pixels no site covers stay 0).
     dx = xp.zeros((H, W, C, N), dy.dtype)
     R = rh * rw * C
-    rows = max(1, min(SH, SITES_BUFFER_BYTES // (SW * R * N * dy.dtype.itemsize)))
+    rows = sites_rows(SH, SW, R, N, dy.dtype.itemsize)
     buf = xp.empty(rows * SW * R * N, dy.dtype)
     col2im = kernel("filter.cu", "filter_col2im", dy, _tiles(R, N, dy.dtype))
     for i0 in range(0, SH, rows):
