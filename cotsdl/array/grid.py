@@ -156,6 +156,28 @@ def node_local_size(comm: MPI.Comm) -> int:
     return _node_local(comm)[1]
 
 
+def rank_nodes(comm: MPI.Comm) -> list[int]:
+    """Every rank's node, in rank order, named by the lowest rank of ``comm`` on it (collective)."""
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        first = local.allreduce(comm.Get_rank(), op=MPI.MIN)
+    finally:
+        local.Free()
+    return [int(v) for v in comm.allgather(first)]
+
+
+def placement(nodes: Sequence[int], ranks: int, replicas: int = 1) -> tuple[int, bool]:
+    """(ranks per node, whether every model group sits on one node) of the first ``ranks`` ranks split
+    into ``replicas`` groups of consecutive ranks (:func:`split_replicas`), ``nodes`` as
+    :func:`rank_nodes` gives them."""
+    first = list(nodes[:ranks])
+    if len(first) < ranks or ranks < 1 or replicas < 1 or ranks % replicas:
+        raise ValueError(f"placement: {ranks} rank(s) in {replicas} group(s) of the {len(nodes)} known")
+    group = ranks // replicas
+    per_node = max(first.count(n) for n in set(first))
+    return per_node, all(len(set(first[g * group:(g + 1) * group])) == 1 for g in range(replicas))
+
+
 #: The node-local rank as launchers announce it (srun, MVAPICH2, Open MPI, MPICH/Hydra, Intel MPI).
 LOCAL_RANK_VARIABLES = ("SLURM_LOCALID", "MV2_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
                         "PMI_LOCAL_RANK", "MPI_LOCALRANKID")

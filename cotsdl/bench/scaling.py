@@ -22,6 +22,7 @@ from mpi4py import MPI
 
 from .. import ops
 from ..array.collective import allreduce, raise_collectively, wait_idle
+from ..array.grid import placement, rank_nodes
 from ..array.partition import choose_grid
 from ..nn.network import Network
 from ..train import GreedyTrainer, InMemorySource
@@ -102,14 +103,16 @@ def settings(p: int, batch: int, replicas: int | None, grid: tuple[int, int] | N
     return out
 
 
-def _choices(comm: MPI.Comm, decide: Callable[..., Any] | None, keys: list) -> dict[tuple, dict[str, Any]]:
+def _choices(comm: MPI.Comm, decide: Callable[..., Any] | None, keys: list,
+             nodes: list[int]) -> dict[tuple, dict[str, Any]]:
     """What "auto" chooses for every (ranks, replicas, grid), decided on rank 0 and broadcast (collective)."""
     if decide is None:
         return {}
     out, err = None, None
     if comm.Get_rank() == 0:
         try:
-            out = {k: {"overlap": c.on, "reason": c.reason} for k in keys for c in [decide(*k)]}
+            out = {k: {"overlap": c.on, "reason": c.reason} for k in keys
+                   for c in [decide(*k, *placement(nodes, k[0], k[1]))]}
         except Exception as e:  # noqa: BLE001 - reported on every rank below
             err = f'overlap "auto": the run planner failed: {type(e).__name__}: {e}'
     raise_collectively(comm, err, RuntimeError)
@@ -150,9 +153,10 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
         decide: Callable[..., Any] | None = None, log=sys.stdout, **kw) -> dict[str, Any]:
     """Measure every setting on 1..P ranks of ``comm``; ``batch`` is the global batch.
 
-    ``predict(p, replicas, dims, overlap)`` (optional) returns a predicted step time in seconds;
-    ``decide(p, replicas, dims)`` (optional) what ``parallel.overlap = "auto"`` chooses there (an
-    :class:`~cotsdl.planner.OverlapChoice`), asked on rank 0 only.  ``overlaps`` (True, False) or
+    ``predict(p, replicas, dims, overlap, ranks_per_node)`` (optional) returns a predicted step time in
+    seconds; ``decide(p, replicas, dims, ranks_per_node, group_on_one_node)`` (optional) what
+    ``parallel.overlap = "auto"`` chooses there (an :class:`~cotsdl.planner.OverlapChoice`), asked on
+    rank 0 only; both are told where the setting's ranks are (:func:`~cotsdl.array.grid.placement`).  ``overlaps`` (True, False) or
     ("auto",): each setting with what ``decide`` chooses.  The ``steps`` of a setting run in ``rounds``
     rounds, its overlap settings interleaved (both are held at once: twice a trainer's memory).
     """
@@ -161,8 +165,10 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
     say = (lambda *a: print(*a, file=log, flush=True)) if rank == 0 else (lambda *a: None)
     cores = ops.available_cores()
     results: list[dict[str, Any]] = []
+    nodes = rank_nodes(comm)  # (collective) the settings' ranks per node, and whether a model group spans nodes
     choices = _choices(comm, decide, [(p, r, dims) for p in rank_counts(world)
-                                      for r, dims in settings(p, batch, replicas, grid, network.input_shape[:2])])
+                                      for r, dims in settings(p, batch, replicas, grid, network.input_shape[:2])],
+                       nodes)
     say(f"cotsdl bench scaling: stage {stage}, global batch {batch}, {steps} steps (+{warmup} warm-up) per setting in "
         f"{rounds} interleaved round(s), "
         f"{world} rank(s) on {cores} core(s) here")
@@ -198,7 +204,8 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
             off = next((o for o in mine if not o["overlap"] and o["replicas"] == m["replicas"]), None)
             m["hidden"] = ((off["step_s"] - m["step_s"]) / off["exchange_s"]
                            if m["overlap"] and off and off["exchange_s"] > 0 else None)
-            m["predicted_s"] = predict(m["ranks"], m["replicas"], tuple(m["grid"]), m["overlap"]) if predict else None
+            m["predicted_s"] = (predict(m["ranks"], m["replicas"], tuple(m["grid"]), m["overlap"],
+                                        placement(nodes, m["ranks"], m["replicas"])[0]) if predict else None)
             m["ratio"] = m["predicted_s"] / m["step_s"] if m["predicted_s"] else None
             say(f"{m['ranks']:>5} {m['replicas']:>4} {'x'.join(map(str, m['grid'])):>5} {'on' if m['overlap'] else 'off':>7} "
                 f"{1e3 * m['step_s']:>9.1f} {m['images_per_s']:>9.1f} "

@@ -180,10 +180,10 @@ def _predictor(spec, machine_arg: str, stage: int):
         raise ValueError(f"--machine needs the run planner (cotsdl.planner), which does not import: {e}") from None
     machine = planner.load_machine(machine_arg)
 
-    def predict(p, replicas, dims, overlap):
+    def predict(p, replicas, dims, overlap, ranks_per_node):
         return planner.predict_step(spec.network, spec.global_batch // replicas, p, dims, replicas, machine,
                                     stage=stage, dtype=spec.train.dtype.name,
-                                    optimizer_slots=spec.train.optimizer_slots, ranks_per_node=p,
+                                    optimizer_slots=spec.train.optimizer_slots, ranks_per_node=ranks_per_node,
                                     tied=spec.train.tied, overlap=overlap)["seconds"]
     return predict
 
@@ -196,11 +196,11 @@ def _decider(spec, machine_arg: str | None, stage: int):
 
     machine, why = (planner.load_machine(machine_arg), "") if machine_arg else model_machine()
 
-    def decide(p, replicas, dims):
+    def decide(p, replicas, dims, ranks_per_node, group_on_one_node):  # as the trainer decides on those ranks
         return planner.choose_overlap(spec.network, spec.global_batch // replicas, p, dims, replicas, machine,
                                       stages=[stage], dtype=spec.train.dtype.name,
-                                      optimizer_slots=spec.train.optimizer_slots, ranks_per_node=p,
-                                      tied=spec.train.tied, no_machine=why)
+                                      optimizer_slots=spec.train.optimizer_slots, ranks_per_node=ranks_per_node,
+                                      tied=spec.train.tied, no_machine=why, group_on_one_node=group_on_one_node)
     return decide
 
 

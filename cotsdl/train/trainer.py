@@ -184,13 +184,13 @@ class GreedyTrainer:
         """``overlap="auto"`` on this grid: decided on rank 0 (its machine file, as ``cotsdl plan`` reads
         it) and broadcast, so that every rank overlaps alike (collective).  Where the model decides and the
         load now differs from its calibration's, the reason ends with the warning (rank 0 measures 0.5 s)."""
-        from ..array.grid import node_local_size  # noqa: PLC0415
+        from ..array.grid import placement, rank_nodes  # noqa: PLC0415
         from ..planner import load  # noqa: PLC0415
         from ..planner.overlap import choose_overlap, model_machine, with_load_warning  # noqa: PLC0415 - "auto" only
 
-        per_node = node_local_size(self.world)  # (collective) ranks sharing a node share its cores
-        group = self.decomposition.grid.comm  # (collective) does every model group sit on one node?
-        together = bool(self.world.allreduce(int(node_local_size(group) == group.Get_size()), op=MPI.MIN))
+        # (collective) ranks sharing a node share its cores (the most crowded node sets the pace); does
+        # every model group (consecutive ranks, split_replicas) sit on one node?
+        per_node, together = placement(rank_nodes(self.world), self.world.Get_size(), replicas)
         pids, cpus = load.job_on_host(self.world)  # (collective) the load now is of processes outside the run
         choice, err = None, None
         if self.world.Get_rank() == 0:

@@ -94,3 +94,24 @@ def test_the_planner_prediction_is_printed_beside_the_measurement(cfg, tmp_path)
                                                    "coverage": None}
     bad = bench(str(cfg), "--machine", "k80", ranks=2)
     assert bad.returncode == 2 and "k80" in bad.stderr and bad.stderr.count("cotsdl: error") == 1
+
+
+def test_auto_is_decided_where_the_settings_ranks_are():
+    """Every setting asks "auto" with its own ranks per node and whether each model group sits on one
+    node (rank 0 decides; on two nodes of two ranks, 4 ranks in one group span both, in two do not)."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from mpi4py import MPI  # noqa: PLC0415
+
+    from cotsdl.bench.scaling import _choices  # noqa: PLC0415
+
+    asked = []
+
+    def decide(p, replicas, dims, ranks_per_node, group_on_one_node):
+        asked.append((p, replicas, ranks_per_node, group_on_one_node))
+        return SimpleNamespace(on=not group_on_one_node, reason="test")
+
+    keys = [(1, 1, (1, 1)), (2, 1, (2, 1)), (4, 1, (2, 2)), (4, 2, (2, 1))]
+    out = _choices(MPI.COMM_SELF, decide, keys, [0, 0, 2, 2])
+    assert asked == [(1, 1, 1, True), (2, 1, 2, True), (4, 1, 2, False), (4, 2, 2, True)]
+    assert [out[k]["overlap"] for k in keys] == [False, False, True, False]

@@ -61,3 +61,15 @@ def test_node_local_rank(comm):
     assert 0 <= local < P
     # all ranks of a test run share this machine
     assert sorted(comm.allgather(local)) == list(range(P))
+
+
+def test_rank_nodes_name_each_node_by_its_lowest_rank(comm):
+    from cotsdl.array.grid import node_local_size, placement, rank_nodes  # noqa: PLC0415
+
+    nodes = rank_nodes(comm)
+    assert len(nodes) == comm.Get_size() and nodes[comm.Get_rank()] <= comm.Get_rank()
+    assert nodes.count(nodes[comm.Get_rank()]) == node_local_size(comm)
+    assert all(nodes[n] == n for n in nodes)  # a node's name is a rank on it
+    per_node, together = placement(nodes, comm.Get_size())
+    assert per_node == max(comm.allgather(node_local_size(comm)))
+    assert together == (len(set(nodes)) == 1)

@@ -38,7 +38,7 @@ def test_rank_0s_decision_holds_on_every_rank(comm, monkeypatch):
     halos cross nodes: each rank is told it is alone on its node."""
     import cotsdl.array.grid
 
-    monkeypatch.setattr(cotsdl.array.grid, "node_local_size", lambda comm: 1)
+    monkeypatch.setattr(cotsdl.array.grid, "rank_nodes", lambda comm: list(range(comm.Get_size())))
     tr = _trainer_in(comm, monkeypatch, "cotsdl-overlap", CALLS_COST if comm.Get_rank() == 0 else None)
     assert all_same(comm, (tr.plan.overlap, tr.overlap_reason))
     assert tr.plan.overlap is False
