@@ -76,20 +76,26 @@ def test_pool_native_is_bitwise_numpy(case, threads):
         parallel.set_num_threads(None)
 
 
-@pytest.mark.parametrize("size", [(1, 1), (2, 2), (2, 3), (3, 1), (3, 3), (4, 2)])
-@pytest.mark.parametrize("rows", [1, 4, 9])
-def test_pool_rows_at_once_are_bitwise_numpy(size, rows):
-    # stride 1 along H: the kernel takes several output rows at once (POOL_ROWS), the rest one by
-    # one; 9 rows on one thread are two blocks and a remainder, on two threads two bands
+@pytest.mark.parametrize("size", [(1, 1), (1, 2), (2, 2), (2, 3), (3, 1), (3, 2), (3, 3), (4, 2)])
+@pytest.mark.parametrize("rows", [1, 4, 9, 19])
+def test_pool_rows_at_once_are_bitwise_numpy(size, rows, monkeypatch):
+    # stride 1 along H: the fixed-size kernels (up to 3x3) take several output rows at once
+    # (POOL_ROWS), the rest one by one; 9 rows in one band are two blocks and a remainder.  Small
+    # bands are forced too (PARALLEL_BYTES = 1: two bands per thread), so with 19 rows blocks start
+    # at i0 > 0; the input is a strided view as well as contiguous.
     rng = np.random.default_rng(rows)
     for dtype in (np.float32, np.float64):
-        x = rng.standard_normal((rows + size[0] - 1, 7, 3, 8)).astype(dtype)
-        for threads in (1, 2):
-            parallel.set_num_threads(threads)
-            try:
-                assert_same(*both(lambda: ops.l2_pool(x, size, (1, 2), 0.01)))
-            finally:
-                parallel.set_num_threads(None)
+        big = rng.standard_normal((rows + size[0] + 1, 10, 3, 8)).astype(dtype)
+        for x in (np.ascontiguousarray(big[1:-1, 1:8]), big[1:-1, 1:8]):
+            for threads, band_bytes in ((1, None), (2, None), (2, 1), (3, 1)):
+                parallel.set_num_threads(threads)
+                if band_bytes:
+                    monkeypatch.setattr(parallel, "PARALLEL_BYTES", band_bytes)
+                try:
+                    assert_same(*both(lambda: ops.l2_pool(x, size, (1, 2), 0.01)))
+                finally:
+                    parallel.set_num_threads(None)
+                    monkeypatch.undo()
 
 
 def test_pool_layout_the_kernel_cannot_take_falls_back():

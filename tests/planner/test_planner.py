@@ -269,3 +269,7 @@ def test_gpu_memory_holds_backward_datas_site_products(dims, monkeypatch):
         np.testing.assert_allclose(on_gpu - on_cpu, want)
     assert predict_step(net, batch, 1, (1, 1), 1, gpu)["memory"]["buffers"] > \
         predict_step(net, batch, 1, (1, 1), 1, cpu)["memory"]["buffers"]
+    monkeypatch.setattr(cuda_filter, "CELL_ROWS", 1)  # every filter by cells: no site products held
+    counts = layer_counts(net, batch, dims)
+    np.testing.assert_array_equal(memory(net, counts, 0, 4, 2, gpu=True)["buffers"],
+                                  memory(net, counts, 0, 4, 2, gpu=False)["buffers"])
