@@ -181,10 +181,11 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
         sub = comm.Split(0 if rank < p else MPI.UNDEFINED, rank)
         mine: list[dict[str, Any]] = []
         if sub != MPI.COMM_NULL:
-            ops.set_num_threads(max(1, cores // min(p, cores)))  # the node's cores shared by the active ranks
+            per_node = placement(nodes, p)[0]  # the node's cores shared by its active ranks
+            ops.set_num_threads(max(1, cores // min(per_node, cores)))
             for r, dims in settings(p, batch, replicas, grid, network.input_shape[:2]):
                 ovs = (choices[(p, r, dims)]["overlap"],) if overlaps == ("auto",) else tuple(overlaps)
-                alone = r == 1 and 1 < p <= cores  # each rank on whole cores
+                alone = r == 1 and 1 < p and per_node <= cores  # each rank on whole cores
                 for ov, m in _steps(sub, network, make_optimizer, batch // r, r, dims, ovs, stage, steps, warmup,
                                     rounds, kw, alone).items():
                     m.update(ranks=p, replicas=r, grid=list(dims), overlap=ov, images_per_s=batch / m["step_s"],
