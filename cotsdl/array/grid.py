@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -174,7 +175,7 @@ def placement(nodes: Sequence[int], ranks: int, replicas: int = 1) -> tuple[int,
     if len(first) < ranks or ranks < 1 or replicas < 1 or ranks % replicas:
         raise ValueError(f"placement: {ranks} rank(s) in {replicas} group(s) of the {len(nodes)} known")
     group = ranks // replicas
-    per_node = max(first.count(n) for n in set(first))
+    per_node = max(Counter(first).values())
     return per_node, all(len(set(first[g * group:(g + 1) * group])) == 1 for g in range(replicas))
 
 

@@ -137,13 +137,10 @@ def matmul_alone(name: str, x: Any, w: Any, dy: Any, sh: Shape) -> Callable[[], 
     SH = SW = sh.sites
     M, R, N = w.shape[2], w.shape[3] * w.shape[4] * w.shape[5], sh.N
     xp = backend.array_module(x)
-    if xp is np:
-        rng = np.random.default_rng(1)
-        X = rng.standard_normal((SH * SW, R, N), dtype=np.float32).astype(x.dtype)
-        D = rng.standard_normal((SH * SW, M, N), dtype=np.float32).astype(x.dtype)
-    else:  # drawn on the device: the paper shape's gathered patches are 3 GB
-        X = xp.random.standard_normal((SH * SW, R, N), dtype=np.float32).astype(x.dtype)
-        D = xp.random.standard_normal((SH * SW, M, N), dtype=np.float32).astype(x.dtype)
+    # drawn where they are used: on the device the paper shape's gathered patches are 3 GB
+    draw = np.random.default_rng(1).standard_normal if xp is np else xp.random.standard_normal
+    X = draw((SH * SW, R, N), dtype=np.float32).astype(x.dtype)
+    D = draw((SH * SW, M, N), dtype=np.float32).astype(x.dtype)
     W = w.reshape(SH * SW, M, R)
     a, b, out = {"filter_forward": (W, X, xp.empty((SH * SW, M, N), x.dtype)),
                  "filter_bwd_data": (W.transpose(0, 2, 1), D, xp.empty((SH * SW, R, N), x.dtype)),

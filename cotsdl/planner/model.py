@@ -61,7 +61,7 @@ class LayerCounts:
     copied: np.ndarray
     #: bytes of device scratch the layer's backward-data holds on a GPU: the site products of
     #: backward-data by sites (``ops.cuda.filter.sites_rows``); 0 by cells and for other layers
-    scratch: np.ndarray | None = None
+    scratch: np.ndarray
     name: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -248,7 +248,7 @@ def memory(network: Network, counts: list[LayerCounts], stage: int, itemsize: in
     by_layer[p]["activations"] += (2 * cp.window_elems + 2 * cp.out_elems) * itemsize
     for c in counts[:p + 1]:  # the adjoint's packed buffers are its own
         by_layer[c.index]["buffers"] += (c.sent + c.received) * (2 if c.index in (f, p) else 1)
-    if gpu and cf.scratch is not None:  # the decoder's backward-data, at most one at a time
+    if gpu:  # the decoder's backward-data, at most one at a time
         by_layer[f]["buffers"] += cf.scratch
     out = {k: sum(d[k] for d in by_layer.values()) for k in cats}
     out["total"] = sum(out[k] for k in cats)
