@@ -7,8 +7,10 @@
 # MPI the thread method ends a deadlocked rank and MPIEXEC_TIMEOUT bounds every
 # mpiexec, so a deadlock fails that rank count in seconds instead of hanging.  Last, python -m tests.reliability.run injects faults
 # (bad input, damaged checkpoints, kill -9, signals, a full disk, NaN gradients) and prints
-# one summary line.  Then the cluster stage: a real one-node Slurm (root and apt only;
-# skipped with a line elsewhere) runs jobs/slurm/train.sbatch with requeues.
+# one summary line.  Then the nodes stage: ranks on 2 simulated nodes (network namespaces,
+# tests/cluster/nodes-up.sh; root only, skipped with a line elsewhere) train like one node, and
+# a node that dies mid-run is named and survived.  Then the cluster stage: a real Slurm (root and
+# apt only; skipped with a line elsewhere) runs jobs/slurm/train.sbatch with requeues.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . jobs/env.sh
@@ -22,13 +24,24 @@ COTSDL_NATIVE=1 python -c "from cotsdl.ops.cpu import native; native.library()" 
 echo "== serial suite"
 # in parallel worker processes (pytest-xdist; COTSDL_TEST_WORKERS=0 runs them in this process):
 # most tests wait on subprocesses, so two workers on two cores nearly halve the wall time
-python -m pytest tests --ignore=tests/mpi --ignore=tests/cluster -n "${COTSDL_TEST_WORKERS:-auto}" "$@" || status=1
+python -m pytest tests --ignore=tests/mpi --ignore=tests/cluster --ignore=tests/nodes -n "${COTSDL_TEST_WORKERS:-auto}" "$@" || status=1
 for P in 1 2 3 4; do
     echo "== multi-rank suite on $P rank(s)"
     mpiexec -n "$P" python -m mpi4py tests/mpi_pytest.py tests/mpi "$@" || status=1
 done
 echo "== reliability suite (fault injection under mpiexec on 2 and 4 ranks)"
 python -m tests.reliability.run || status=1
+echo "== nodes stage (ranks on 2 simulated nodes: network namespaces on a bridge, tests/cluster/nodes-up.sh)"
+up=0
+bash tests/cluster/nodes-up.sh 2 || up=$?
+if [ "$up" -eq 77 ]; then
+    echo "== nodes stage skipped (the line above says why)"
+elif [ "$up" -ne 0 ]; then
+    echo "tests/cluster/nodes-up.sh failed (status $up)" >&2
+    status=1
+else
+    python -m pytest tests/nodes -n 0 "$@" || status=1
+fi
 echo "== cluster stage (jobs/slurm/train.sbatch on a real one-node Slurm: tests/cluster/slurm-up.sh)"
 up=0
 bash tests/cluster/slurm-up.sh || up=$?

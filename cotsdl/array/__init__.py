@@ -10,12 +10,12 @@ from .rfmap import RFMap
 
 __all__ = ["Box", "grow", "hull_of", "block_box", "block_boxes", "block_owner", "block_range",
            "choose_grid", "Transfer", "transfers", "RFMap", "DistArray", "ExchangePlan", "ProcessGrid",
-           "Decomposition", "split_replicas", "node_local_rank", "node_local_size", "rank_nodes", "placement", "use_node_local_gpu", "gather", "scatter", "redistribute",
+           "Decomposition", "split_replicas", "node_local_rank", "node_local_size", "rank_nodes", "node_names", "describe_nodes", "placement", "use_node_local_gpu", "gather", "scatter", "redistribute",
            "raise_collectively", "cuda_aware_mpi"]
 
 _MPI_NAMES = {
     "DistArray": "distarray", "ExchangePlan": "exchange", "ProcessGrid": "grid", "Decomposition": "grid",
-    "split_replicas": "grid", "node_local_rank": "grid", "node_local_size": "grid", "rank_nodes": "grid", "placement": "grid", "use_node_local_gpu": "grid", "gather": "collect", "scatter": "collect",
+    "split_replicas": "grid", "node_local_rank": "grid", "node_local_size": "grid", "rank_nodes": "grid", "node_names": "grid", "describe_nodes": "grid", "placement": "grid", "use_node_local_gpu": "grid", "gather": "collect", "scatter": "collect",
     "redistribute": "collect", "raise_collectively": "collective", "cuda_aware_mpi": "cudampi",
 }
 

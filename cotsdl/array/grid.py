@@ -167,6 +167,33 @@ def rank_nodes(comm: MPI.Comm) -> list[int]:
     return [int(v) for v in comm.allgather(first)]
 
 
+def node_names(comm: MPI.Comm) -> list[tuple[str, list[int]]]:
+    """(node name, its ranks of ``comm``) of every node, in the order of their lowest rank (collective).
+
+    Nodes are told apart as :func:`rank_nodes` does (shared memory); a node's name is its
+    lowest rank's host name."""
+    nodes = rank_nodes(comm)
+    hosts = comm.allgather(os.uname().nodename)
+    return [(hosts[first], [r for r, n in enumerate(nodes) if n == first]) for first in sorted(set(nodes))]
+
+
+def describe_nodes(layout: Sequence[tuple[str, Sequence[int]]], most: int = 8) -> str:
+    """One line for a log: ``2 nodes x 2 ranks: n1 (ranks 0-1), n2 (ranks 2-3)`` (``most`` nodes named)."""
+    counts = sorted({len(r) for _, r in layout})
+    per = (f"{counts[0]} rank(s) per node" if len(counts) == 1
+           else f"{counts[0]}-{counts[-1]} ranks per node")
+
+    def span(ranks: Sequence[int]) -> str:
+        ranks = list(ranks)
+        if ranks == list(range(ranks[0], ranks[-1] + 1)):
+            return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
+        return "ranks " + ",".join(map(str, ranks))
+
+    named = ", ".join(f"{name} ({span(ranks)})" for name, ranks in layout[:most])
+    more = f", and {len(layout) - most} more" if len(layout) > most else ""
+    return f"{len(layout)} node(s), {per}: {named}{more}"
+
+
 def placement(nodes: Sequence[int], ranks: int, replicas: int = 1) -> tuple[int, bool]:
     """(ranks per node, whether every model group sits on one node) of the first ``ranks`` ranks split
     into ``replicas`` groups of consecutive ranks (:func:`split_replicas`), ``nodes`` as

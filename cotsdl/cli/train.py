@@ -226,11 +226,20 @@ def _train(spec: RunSpec, data, meta, backend_name, guard, comm, t_start, lock=N
             err = as_error(e, f"run.folder {folder}: cannot write: {e.strerror or e}")
     raise_collectively(comm, err)
     say = (lambda m: print(m, file=log, flush=True)) if root else (lambda m: None)
+    from .nodewatch import announce  # noqa: PLC0415
+
+    herald = announce(comm.Get_rank(), comm.Get_size(), str(folder))  # where the job script runs a node watch
+
+    def abort(status: int) -> None:  # the watchdog's way out: said to the node watch first (not a lost node)
+        if herald is not None:
+            herald.bye(status)
+        MPI.COMM_WORLD.Abort(status)
+
     dog = None
     if watchdog > 0:
         from .watchdog import Watchdog  # noqa: PLC0415
 
-        dog = Watchdog(folder / ".watchdog", comm.Get_rank(), comm.Get_size(), watchdog, MPI.COMM_WORLD.Abort,
+        dog = Watchdog(folder / ".watchdog", comm.Get_rank(), comm.Get_size(), watchdog, abort,
                        say=lambda m: print(m, file=sys.stderr, flush=True)).start()
 
     def should_stop() -> bool:  # after every step, on every rank
@@ -241,11 +250,15 @@ def _train(spec: RunSpec, data, meta, backend_name, guard, comm, t_start, lock=N
     common = dict(checkpoint_every=tc.checkpoint_every, keep=tc.keep, log_every=tc.log_every,
                   metrics_file=str(folder / "metrics.jsonl"), max_bad_steps=tc.max_bad_steps, log=log,
                   should_stop=should_stop, overlap=pc.overlap)
+    status = 1
     try:
-        return _train_on(spec, data, meta, backend_name, guard, comm, t_start, log, say, common, steps, old)
+        status = _train_on(spec, data, meta, backend_name, guard, comm, t_start, log, say, common, steps, old)
+        return status
     finally:
         if dog is not None:
             dog.stop()
+        if herald is not None:
+            herald.bye(status)
 
 
 def _train_on(spec, data, meta, backend_name, guard, comm, t_start, log, say, common, steps, old) -> int:
@@ -258,9 +271,13 @@ def _train_on(spec, data, meta, backend_name, guard, comm, t_start, log, say, co
     dc, tc, pc, network, source, folder = spec.data, spec.train, spec.parallel, spec.network, spec.source, spec.folder
     ckdir, global_batch = folder / "checkpoints", spec.global_batch
     grid = pc.grid
+    from ..array.grid import describe_nodes, node_names  # noqa: PLC0415
+
+    layout = node_names(comm)  # (collective) which ranks share a node
     say(f"cotsdl train {source}: {comm.Get_size()} rank(s), backend {backend_name}, data {dc.file} "
         f"({len(data)} images {'x'.join(map(str, data.image_shape))}), global batch {global_batch}, "
         f"steps per stage {steps}, run folder {folder}")
+    say(f"on {describe_nodes(layout)}")
     if root and meta is not None and old is not None:
         try:
             changed = cfgmod.diff(cfgmod.tomllib.loads(old), cfgmod.tomllib.loads(cfgmod.dumps(spec.config)))

@@ -23,6 +23,8 @@ from typing import Any, Callable
 
 #: Default ``--watchdog``: generous, so that a slow first step or a big checkpoint never trips it.
 DEFAULT_TIMEOUT = 600.0
+#: Seconds a firing watchdog gives MPI_Abort before the rank ends itself.
+ABORT_WAIT = 5.0
 
 
 class Watchdog:
@@ -88,7 +90,13 @@ class Watchdog:
             what = f"rank(s) that stopped responding: {who}"
         else:
             what = ("every rank is alive but none completes a step: a deadlock or a hung network (steps: "
-                    + ", ".join(f"rank {r} {seen[r]['step']}" for r in range(self.size) if seen[r]) + ")")
+                    + ", ".join(f"rank {r} {seen[r]['step']} on {seen[r]['host']}" for r in range(self.size) if seen[r])
+                    + ")")
         self._say(f"cotsdl: error: watchdog: no training step completed in {self.timeout:.0f} s (after global step "
                   f"{self.step}); {what}. Ending the job; the last complete checkpoint is intact (re-run to resume)")
+        # MPI_Abort asks the launcher to end every rank; on a node cut off from the launcher that request
+        # never arrives and the call does not return: this rank then ends itself.
+        ender = threading.Timer(ABORT_WAIT, os._exit, (1,))
+        ender.daemon = True
+        ender.start()
         self._abort(1)

@@ -6,8 +6,9 @@
 #   cotsdl_setup_env           site modules, then activate .venv (jobs/env.sh, installing nothing;
 #                              COTSDL_SKIP_ENV=1: neither)
 #   cotsdl_report_mpi          print the MPI library; warn when it is the MPICH wheel
-#   cotsdl_launch CMD...       run the launcher in the background, forward the
-#                              checkpoint request to it, set COTSDL_STATUS to its real status
+#   cotsdl_launch CMD...       run the launcher in the background (beside a node watch that names
+#                              a rank or node lost mid-run), forward the checkpoint request to it,
+#                              set COTSDL_STATUS to its real status
 #   cotsdl_finish REQUEUE_FN   report COTSDL_STATUS and exit (75: call REQUEUE_FN)
 #   cotsdl_duration_seconds D  [[[days:]hours:]minutes:]seconds -> seconds
 #   cotsdl_pbs_walltime        the PBS job's walltime in seconds (PBS_WALLTIME or qstat -f)
@@ -151,6 +152,7 @@ cotsdl_launch() {
     # cotsdl train records where this session started and stopped (for the requeue guard)
     export COTSDL_SESSION_FILE="${TMPDIR:-/tmp}/cotsdl-session-$(_cotsdl_job_key)-$$.json"
     rm -f "$COTSDL_SESSION_FILE"
+    _cotsdl_start_nodewatch
     cotsdl_log "launch: $*"
     "$@" &
     _cotsdl_child=$!
@@ -165,6 +167,39 @@ cotsdl_launch() {
     _cotsdl_wait_status "$_cotsdl_child"
     _cotsdl_child=
     cotsdl_log "the launcher exited with status $COTSDL_STATUS"
+    _cotsdl_stop_nodewatch
+}
+
+# The node watch (python -m cotsdl.cli.nodewatch): a small process beside the launcher that every
+# rank connects to, so that a rank or node lost mid-run is named in the job's output even when the
+# launcher ends the job at once (Hydra: status 255).  COTSDL_NODEWATCH=0 turns it off;
+# COTSDL_NODEWATCH_HOST: the address the ranks reach this host at (default: its host name).
+_cotsdl_nodewatch=
+_cotsdl_start_nodewatch() {
+    [ "${COTSDL_NODEWATCH-}" != 0 ] || { unset COTSDL_NODEWATCH; return 0; }
+    local ready="${TMPDIR:-/tmp}/cotsdl-nodewatch-$(_cotsdl_job_key)-$$"
+    rm -f "$ready"
+    python -m cotsdl.cli.nodewatch --ready "$ready" --events "$ready.json" &
+    _cotsdl_nodewatch=$!
+    local i
+    for i in $(seq 50); do [ -s "$ready" ] && break; sleep 0.1; done
+    if [ -s "$ready" ]; then
+        COTSDL_NODEWATCH=$(cat "$ready")
+        export COTSDL_NODEWATCH
+        cotsdl_log "node watch at $COTSDL_NODEWATCH (pid $_cotsdl_nodewatch): names a rank or node lost mid-run"
+    else
+        cotsdl_log "note: the node watch did not start; a rank or node lost mid-run will not be named"
+        kill "$_cotsdl_nodewatch" 2>/dev/null || true
+        _cotsdl_nodewatch=
+    fi
+    rm -f "$ready"
+}
+
+_cotsdl_stop_nodewatch() {
+    [ -n "$_cotsdl_nodewatch" ] || return 0
+    kill -TERM "$_cotsdl_nodewatch" 2>/dev/null || true
+    wait "$_cotsdl_nodewatch" 2>/dev/null || true
+    _cotsdl_nodewatch=
 }
 
 cotsdl_finish() {
@@ -191,7 +226,11 @@ cotsdl_finish() {
             cotsdl_log "could not requeue: submit the same job again to resume from the checkpoint"
             exit 75 ;;
         *)
-            if [ "$s" -gt 128 ]; then
+            if [ "$s" = 255 ] && [ -n "${COTSDL_NODEWATCH:-}" ]; then
+                cotsdl_log "status 255: the launcher ended the job (MPICH's mpiexec does so when it loses a rank" \
+                           "or a node: the node watch's lines above name it); not requeued; the last complete" \
+                           "checkpoint is intact: resume on the nodes that are left by running the job again"
+            elif [ "$s" -gt 128 ]; then
                 cotsdl_log "status $s (signal $((s - 128))): stopped without a checkpoint of this" \
                            "session (a second signal, a kill, or a launcher failure); not requeued;" \
                            "the last complete checkpoint is intact"
