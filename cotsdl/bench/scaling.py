@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 from .. import ops
 from ..array.collective import allreduce, raise_collectively, wait_idle
-from ..array.grid import placement, rank_nodes
+from ..array.grid import describe_nodes, node_names, placement, rank_nodes
 from ..array.partition import choose_grid
 from ..nn.network import Network
 from ..train import GreedyTrainer, InMemorySource
@@ -166,12 +166,14 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
     cores = ops.available_cores()
     results: list[dict[str, Any]] = []
     nodes = rank_nodes(comm)  # (collective) the settings' ranks per node, and whether a model group spans nodes
+    layout = node_names(comm)  # (collective) for the header: which ranks share a node
     choices = _choices(comm, decide, [(p, r, dims) for p in rank_counts(world)
                                       for r, dims in settings(p, batch, replicas, grid, network.input_shape[:2])],
                        nodes)
     say(f"cotsdl bench scaling: stage {stage}, global batch {batch}, {steps} steps (+{warmup} warm-up) per setting in "
         f"{rounds} interleaved round(s), "
-        f"{world} rank(s) on {cores} core(s) here")
+        f"{world} rank(s) on {describe_nodes(layout)} (rank 0 sees {cores} core(s)); each setting's predictions "
+        "and auto decision take its ranks per node")
     say(f"{'ranks':>5} {'repl':>4} {'grid':>5} {'overlap':>7} {'step ms':>9} {'images/s':>9} {'effic.':>6} "
         f"{'eff/core':>8} "
         f"{'compute ms':>10} {'exch ms':>8} {'hidden':>6} {'pred ms':>8} {'pred/meas':>9}"
