@@ -79,10 +79,17 @@ _IN_PLACE = object()  # _copy_self: the own part of a sum is already where it be
 
 
 class _Pending:
-    """A started exchange: call :meth:`wait` before touching either array."""
+    """A started exchange: call :meth:`wait` before touching either array; :meth:`progress` meanwhile."""
 
-    def __init__(self, finish):
-        self._finish = finish
+    def __init__(self, finish, reqs=()):
+        self._finish, self._reqs = finish, reqs
+
+    def progress(self) -> None:
+        """Let MPI move the messages on (one ``Testall``; never blocks).  Between pieces of the work that
+        overlaps an exchange: many MPI libraries move a message only inside an MPI call, and over TCP
+        (MPICH's ofi netmod) a halo then waited for the whole overlapped computation."""
+        if self._finish is not None and self._reqs:
+            MPI.Request.Testall(self._reqs)
 
     def wait(self) -> None:
         if self._finish is not None:
@@ -310,7 +317,7 @@ class ExchangePlan:
         if mine is _IN_PLACE:  # a sum whose own part already lies in place: nothing to clear or add
             mine = zero = None
         self.seconds += time.perf_counter() - t_start
-        return _Pending(lambda: self._finish(direction, route, reqs, dst, add, zero, mine))
+        return _Pending(lambda: self._finish(direction, route, reqs, dst, add, zero, mine), reqs)
 
     def _check_idle(self, direction: str) -> None:
         """Refuse a second call of a direction before the first is waited for."""

@@ -29,12 +29,15 @@ module measures every number of that model in one run:
   (``efficiency_by_threads``; the planner takes the one of a rank's thread count, cores /
   ranks per node) and ``efficiency`` = the all-cores set; every case is printed and kept
   under ``calibration``.
-- ``link``: an MPI ping-pong between ranks 0 and 1 over message sizes from 8 B to
-  4 MiB (per size the median of the rounds' medians), fitted by least squares on the relative
-  error (so small and large messages count alike) to ``alpha + beta * bytes``; then one real halo exchange
+- ``link`` and ``node_link`` (:mod:`cotsdl.bench.links`): an MPI ping-pong between rank 0 and
+  another rank of its node over message sizes from 8 B to 4 MiB (per size the median of the
+  rounds' medians), fitted to ``alpha + beta * bytes`` (least squares on the relative error,
+  then the smallest worst-case factor); where the ranks span nodes, the same with the first
+  rank of another node, and two streams that measure the rate that link holds over time and
+  any burst (a token bucket) into ``node_link``.  Then one real halo exchange
   (:class:`cotsdl.array.ExchangePlan` on the grid of all ranks) is printed against the
-  model.  On one rank there is no link: an in-process copy is fitted instead and the
-  file's ``source`` and ``calibration.link_measured`` say so.
+  model.  Without two ranks on rank 0's node the link within a node is an in-process copy,
+  and the file's ``source`` and ``calibration.link_measured`` say so.
 - ``load``: what other processes did meanwhile (:mod:`cotsdl.planner.load`): the cores they
   kept busy on average over the whole calibration (``other_busy_cores``, the job's own ranks
   not counted), the cores watched, the seconds and the 1-minute load average.  The numbers
@@ -74,7 +77,9 @@ from ..array.collective import raise_collectively, wait_idle
 from ..nn.network import Network
 from ..ops import costs
 from ..planner import load
-from .exchange import pingpong
+from ..array.grid import rank_nodes
+from .links import copy_times, fit_link  # noqa: F401 - tests and older callers reach them here
+from .links import measure as measure_links
 from .common import as_step
 from .sampling import interleaved_rounds, robust, rounds_for  # noqa: F401 - tests reach them here too
 
@@ -240,44 +245,6 @@ def efficiencies(rows, peak: float, bw: float, overhead: dict[str, float]) -> di
 
 
 # -- the link -------------------------------------------------------------------------------
-def fit_link(sizes, times) -> tuple[float, float]:
-    """alpha, beta of ``t = alpha + beta * bytes`` (both > 0) whose worst message size is off by the
-    smallest factor (model/measured or measured/model).
-
-    Least squares on the relative error first; then the largest log-ratio is minimized from there.
-    A transport that switches protocol between sizes (Open MPI's shared memory at 4 KiB) bends the
-    line: least squares let that size be off by 2.4x, the minimax fit spreads the error (1.8x).
-    """
-    b, t = np.asarray(sizes, float), np.asarray(times, float)
-    A = np.stack([1.0 / t, b / t], axis=1)
-    (alpha, beta), *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
-    if not (alpha > 0 and beta > 0):  # degenerate (noise): the smallest message and the largest's slope
-        i, j = int(np.argmin(b)), int(np.argmax(b))
-        alpha = max(float(t[i]), 1e-9)
-        beta = max((t[j] - alpha) / max(b[j] - b[i], 1.0), 1e-15)
-    from scipy.optimize import minimize  # noqa: PLC0415
-
-    def worst(p: np.ndarray) -> float:
-        return float(np.max(np.abs(np.log((np.exp(p[0]) + np.exp(p[1]) * b) / t))))
-
-    start = np.log([alpha, beta])
-    best = minimize(worst, start, method="Nelder-Mead", options={"xatol": 1e-9, "fatol": 1e-12, "maxiter": 4000})
-    if best.fun < worst(start) - 1e-12:
-        alpha, beta = np.exp(best.x)
-    return float(alpha), float(beta)
-
-
-def copy_times(sizes, repeats: int) -> list[float]:
-    """Time of an in-process copy of each size (the stand-in for a link on one rank): interleaved rounds."""
-    fns = {}
-    for n in sizes:
-        src, dst = np.ones(max(n, 1), np.uint8), np.zeros(max(n, 1), np.uint8)
-        fns[n] = lambda src=src, dst=dst: np.copyto(dst, src)
-    rounds = rounds_for(repeats)
-    t = interleaved_rounds(fns, rounds, calls=-(-max(5, repeats) // rounds))
-    return [robust(t[n])["value"] for n in sizes]
-
-
 def halo_exchange(comm, shape, halo: int, repeats: int) -> dict[str, Any]:
     """Median time of refreshing a ``halo``-wide halo of a float32 ``shape`` array on the grid of all ranks,
     with the busiest rank's message count and bytes."""
@@ -484,46 +451,32 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
             say(f"(above 1, written as 1: {', '.join(clamped)} -- these passes beat the roofline of their minimum "
                 f"bytes, e.g. inputs that stay in cache)")
 
-    # 2. the link: ranks 0 and 1 alone (the others wait without spinning)
+    # 2. the links: within rank 0's node, and to another node (pairs of ranks alone, the others waiting)
     sizes = [8, 4096, 1 << 18, 1 << 20] if quick else [8, 64, 512, 4096, 1 << 15, 1 << 18, 1 << 20, 1 << 22]
     pp_reps = 10 if quick else max(20, 4 * repeats)
     say("")
-    if size >= 2:
-        say(f"[3/4] MPI ping-pong ranks 0 <-> 1 ({'same host' if hosts[0] == hosts[1] else 'two hosts'}), "
-            f"{len(sizes)} sizes ...")
-        pair = comm.Split(0 if rank < 2 else MPI.UNDEFINED, rank)
-        if rank < 2:  # interleaved rounds over the sizes; per size the median of the rounds' medians
-            rounds = [[pingpong(pair, n, pp_reps, 3) for n in sizes] for _ in range(rounds_for(repeats))]
-            times = [robust(ts)["value"] for ts in zip(*rounds)]
-            pair.Free()
-            comm.Ibarrier().Wait()
-        else:
-            wait_idle(comm)
-        times = comm.bcast(times if rank == 0 else None, root=0)
-        what = f"MPI ping-pong ranks 0-1 ({'same host' if hosts[0] == hosts[1] else 'two hosts'})"
-    else:
-        say("[3/4] one rank: there is no link to measure; fitting an in-process copy instead (labelled in source)")
-        times = comm.bcast(copy_times(sizes, pp_reps) if rank == 0 else None, root=0)
-        what = "NOT MEASURED (1 rank): alpha/beta are an in-process numpy copy, not a network link"
-    alpha, beta = fit_link(sizes, times)
-    say(f"{'bytes':>9} {'measured us':>12} {'model us':>10} {'model/meas':>10} {'GB/s':>7}")
-    for n, t in zip(sizes, times):
-        m = alpha + beta * n
-        say(f"{n:9d} {t * 1e6:12.2f} {m * 1e6:10.2f} {m / t:10.2f} {n / t / 1e9:7.3f}")
-    link_rows = [{"bytes": n, "seconds": t, "model_s": alpha + beta * n} for n, t in zip(sizes, times)]
-    say(f"fit: alpha {alpha * 1e6:.2f} us, beta {beta * 1e9:.4f} ns/byte ({1 / beta / 1e9:.2f} GB/s)")
+    nodes = rank_nodes(comm)  # (collective)
+    links = measure_links(comm, nodes, sizes, pp_reps, repeats, say)
+    alpha, beta = links["link"]["alpha_s"], links["link"]["beta_s_per_byte"]
+    what = links["link_measured"] + (f"; node_link: {links['node_link_measured']}" if links["node_link"] else "")
+    node_link = links["node_link"]
 
     # 3. one real halo exchange against the model
     say("")
     exchanges = []
     if size >= 2:
-        say("[4/4] halo exchanges on the grid of all ranks vs alpha * messages + beta * bytes (busiest rank):")
+        say("[4/4] halo exchanges on the grid of all ranks vs alpha * messages + beta * bytes (busiest rank; "
+            + ("node_link's, at most its sustained rate: the grid spans nodes)" if node_link else "one node)"))
+        if node_link:
+            alpha, beta = node_link["alpha_s"], node_link["beta_s_per_byte"]
         say(f"{'shape':>18} {'halo':>4} {'grid':>5} {'msgs':>4} {'KiB':>8} {'measured ms':>11} {'model ms':>9} "
             f"{'meas/model':>10}")
         n = 16 if quick else 96
         for shape, h in [((64, 64, 3, n), 3), ((58, 58, 16, n), 1)]:
             ex = halo_exchange(comm, shape, h, 5 if quick else max(10, 2 * repeats))
             model = ex["messages"] * alpha + ex["bytes"] * beta
+            if node_link:  # back-to-back exchanges: a token bucket holds them to its sustained rate
+                model = max(model, ex["bytes"] / node_link["sustained_bytes_per_s"])
             exchanges.append({**ex, "model_s": model})
             say(f"{str(tuple(shape)):>18} {h:4d} {ex['grid'][0]}x{ex['grid'][1]:<3} {ex['messages']:4d} "
                 f"{ex['bytes'] / 1024:8.1f} {ex['seconds'] * 1e3:11.3f} {model * 1e3:9.3f} "
@@ -549,7 +502,8 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
                    "cores": int(cores), "devices_per_node": 1},
         "efficiency": {op: round(v, 4) for op, v in eff.items()},
         "overhead_s": float(over),
-        "link": {"alpha_s": alpha, "beta_s_per_byte": beta},
+        "link": links["link"],
+        **({"node_link": node_link} if node_link else {}),
         # optional refinements the planner uses when present: a rank running t threads, each op's call cost
         "efficiency_by_threads": by_threads,
         "overhead_by_op_s": {op: float(v) for op, v in comp["tiny"].items()},
@@ -557,7 +511,7 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
         "load": seen,
         # raw data (the planner ignores unknown top-level keys)
         "calibration": {
-            "link_measured": what, "pingpong" if size >= 2 else "copy": link_rows, "halo_exchanges": exchanges,
+            "link_measured": what, **links["rows"], "halo_exchanges": exchanges,
             "efficiency_written_from": f"case {demo}, per thread count {comp['thread_counts']}",
             "efficiency_by_case": {f"{c} {th} thread(s)": {op: round(v, 4) for op, v in e.items()}
                                    for (c, th), e in eff_by.items()},

@@ -75,6 +75,21 @@ def split_sites(layer: Any, in_shape: Sequence[int], sites: Box, ready: Box) -> 
     return Box((a0, b0), (a1, b1)), [s for s in strips if not s.is_empty]
 
 
+#: The interior of a split layer is computed in this many pieces (of whole site rows), with MPI given a
+#: chance to move the halo messages between them (``ExchangePlan``'s ``progress``).
+INTERIOR_PIECES = 4
+
+
+def interior_pieces(inner: Box, pieces: int = INTERIOR_PIECES) -> list[Box]:
+    """``inner`` (2-D sites) cut into at most ``pieces`` runs of whole rows that tile it, in order."""
+    if inner.is_empty:
+        return []
+    rows = inner.hi[0] - inner.lo[0]
+    k = max(1, min(int(pieces), rows))
+    cuts = [inner.lo[0] + (rows * i) // k for i in range(k + 1)]
+    return [Box((a, inner.lo[1]), (b, inner.hi[1])) for a, b in zip(cuts, cuts[1:])]
+
+
 def site_output_box(layer: Any, sites: Box, out_shape: Sequence[int]) -> Box:
     """The 4-D output box written by the 2-D box of ``sites`` (all channels and images)."""
     bh, bw = layer.unit_block

@@ -27,7 +27,7 @@ from ..array.distarray import DistArray
 from ..array.exchange import ExchangePlan
 from ..array.grid import ProcessGrid
 from .layers import Context
-from .layout import LayerBoxes, layout, split_sites, site_output_box
+from .layout import LayerBoxes, interior_pieces, layout, split_sites, site_output_box
 from .network import Network, init_weights
 
 
@@ -214,7 +214,9 @@ class NetworkPlan:
         pending = lp.exchange.start(x, win, validate=False)  # this rank's own part lands at once
         y = self.outputs.empty(lp.out.shape, self.dtype, xp)
         inner, strips = lp.split
-        self._forward_sites(lp, win.data, y, inner, params)
+        for piece in interior_pieces(inner):  # MPI moves the halos on between the pieces
+            self._forward_sites(lp, win.data, y, piece, params)
+            pending.progress()
         pending.wait()
         for sites in strips:
             self._forward_sites(lp, win.data, y, sites, params)

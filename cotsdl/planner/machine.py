@@ -12,6 +12,8 @@ A machine is plain JSON (``cotsdl bench calibrate`` writes one for the machine i
                     "elementwise": f},
      "overhead_s": seconds per operation call (kernel launch, Python),
      "link": {"alpha_s": seconds per message, "beta_s_per_byte": seconds per byte},
+     "node_link": {"alpha_s": ..., "beta_s_per_byte": ..., (optional) "sustained_bytes_per_s": bytes/s,
+                   "burst_bytes": bytes} (optional: the link between nodes, where it differs),
      "load": {"host": str, "other_busy_cores": cores, ...} (optional: what a calibration saw)}
 
 The time of one operation on one rank (:func:`op_seconds`) is the roofline divided by
@@ -24,6 +26,14 @@ its device (or a fraction of it when more ranks than devices share a node); a CP
 has ``cores / ranks_per_node`` of the node's cores, hence that fraction of its peak
 and of its memory bandwidth.  An efficiency is thus the fraction of the roofline an
 operation reaches, which is what a calibration measures (roofline time / measured time).
+
+``link`` is the link between ranks of one node and, without ``node_link``, between nodes
+too; ``node_link`` is the link between nodes, measured apart by a calibration that spans
+nodes.  A message to a rank on another node costs ``alpha + bytes * beta`` of ``node_link``
+(:func:`message_seconds` with ``across=True``).  A link that holds a lower rate over time
+than a single message sees (a token bucket: a shaped or policed link, ``tc tbf``) also has
+``sustained_bytes_per_s`` and ``burst_bytes``: a node cannot send more per step than the
+sustained rate allows (:func:`cotsdl.planner.predict.predict_step` bounds the step by it).
 
 A calibration measures under the load of its moment, and its numbers hold under that load:
 ``load`` records the cores other processes kept busy meanwhile (:mod:`cotsdl.planner.load`),
@@ -43,6 +53,7 @@ EFFICIENCY_KEYS = ("filter_forward", "filter_backward_data", "filter_backward_we
 DEVICE_KEYS = ("peak_flops", "memory_bandwidth", "memory_bytes", "cores", "devices_per_node")
 TOP_KEYS = ("name", "kind", "source", "device", "efficiency", "overhead_s", "link")
 LINK_KEYS = ("alpha_s", "beta_s_per_byte")
+NODE_LINK_KEYS = LINK_KEYS + ("sustained_bytes_per_s", "burst_bytes")  # the last two optional
 LOAD_KEYS = ("host", "other_busy_cores", "cores_watched", "seconds", "loadavg1")
 #: Other busy cores now and at calibration differing by this much or more: the predictions may be off
 #: (one core kept busy on this 2-core machine made a quiet calibration predict 0.44x the 2-rank demo step).
@@ -144,6 +155,22 @@ def validate_machine(data: Any, source: str = "description") -> dict[str, Any]:
         raise MachineError(f"machine {source}: overhead_s = {ov!r}: must be a number >= 0")
     _positive(source, "link.alpha_s", data["link"]["alpha_s"])
     _positive(source, "link.beta_s_per_byte", data["link"]["beta_s_per_byte"])
+    if "node_link" in data:
+        node = data["node_link"]
+        if not isinstance(node, dict):
+            raise MachineError(f"machine {source}: node_link must be an object with keys {', '.join(NODE_LINK_KEYS)}")
+        extra = sorted(set(node) - set(NODE_LINK_KEYS))
+        if extra:
+            raise MachineError(f"machine {source}: unknown key node_link.{extra[0]} (allowed: {', '.join(NODE_LINK_KEYS)})")
+        for k in LINK_KEYS:
+            if k not in node:
+                raise MachineError(f"machine {source}: missing key node_link.{k}")
+            _positive(source, f"node_link.{k}", node[k])
+        if "sustained_bytes_per_s" in node:
+            _positive(source, "node_link.sustained_bytes_per_s", node["sustained_bytes_per_s"])
+        b = node.get("burst_bytes", 0)
+        if not (isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b) and b >= 0):
+            raise MachineError(f"machine {source}: node_link.burst_bytes = {b!r}: must be a number >= 0")
     # Optional refinements (written by `cotsdl bench calibrate`): efficiencies of a rank running
     # t threads, and each op's fixed cost per call.
     for t, effs in (data.get("efficiency_by_threads") or {}).items():
@@ -264,10 +291,20 @@ def call_seconds(machine: dict[str, Any], op: str | None = None, share: dict[str
     return (machine.get("overhead_by_op_s") or {}).get(op, machine["overhead_s"]) * (share or {}).get("slice", 1.0)
 
 
-def message_seconds(machine: dict[str, Any], messages: float, nbytes: float) -> float:
-    """``messages * alpha + bytes * beta`` on the link."""
-    link = machine["link"]
+def link_of(machine: dict[str, Any], across: bool = False) -> dict[str, float]:
+    """The link within a node, or (``across``) between nodes: ``node_link`` where the machine has one."""
+    return (machine.get("node_link") or machine["link"]) if across else machine["link"]
+
+
+def message_seconds(machine: dict[str, Any], messages: float, nbytes: float, across: bool = False) -> float:
+    """``messages * alpha + bytes * beta`` on the link within a node, or between nodes (``across``)."""
+    link = link_of(machine, across)
     return messages * link["alpha_s"] + nbytes * link["beta_s_per_byte"]
+
+
+def sustained_rate(machine: dict[str, Any]) -> float | None:
+    """Bytes/s a node can send to other nodes over time (a token bucket's rate), where known."""
+    return (machine.get("node_link") or {}).get("sustained_bytes_per_s")
 
 
 _NOW: dict[tuple, tuple[float, float | None]] = {}  # (pids, cpus) -> (when measured, other busy cores)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..array.messages import transfers
 from ..array.partition import grid_coords
-from ..nn.layout import layout, split_sites
+from ..nn.layout import interior_pieces, layout, split_sites
 from ..nn.network import Network
 from ..ops.cuda.filter import by_sites, sites_rows
 
@@ -53,8 +53,9 @@ class LayerCounts:
     local: np.ndarray  # bytes of the rank's own block inside its window
     msgs_sent: np.ndarray
     msgs_received: np.ndarray
-    #: border strips the forward computes after its halos arrive, with overlap (0: the layer is not
-    #: split on that rank -- no halo, no interior, or an LCN -- and overlap changes nothing there)
+    #: the calls a forward makes beyond one, with overlap: its border strips (computed after its halos
+    #: arrive) and its interior's pieces after the first (nn.layout.interior_pieces); 0: the layer is not
+    #: split on that rank -- no halo, no interior, or an LCN -- and overlap changes nothing there
     strips: np.ndarray
     #: bytes the exchange copies from the rank's own block into its window: ``local``, or 0 where the
     #: window is the owned block (``LayerBoxes.window_is_owned``: NetworkPlan uses the input itself)
@@ -62,6 +63,9 @@ class LayerCounts:
     #: bytes of device scratch the layer's backward-data holds on a GPU: the site products of
     #: backward-data by sites (``ops.cuda.filter.sites_rows``); 0 by cells and for other layers
     scratch: np.ndarray
+    #: per rank, {peer: (bytes sent to it, bytes received from it, messages sent, messages received)} of one
+    #: forward exchange (peers other than the rank): which cross nodes depends on the ranks per node
+    peers: list = field(default_factory=list)
     name: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -90,8 +94,17 @@ def layer_counts(network: Network, batch: int, dims: Sequence[int], itemsize: in
         prank, scratch = arr(), arr()
         wshape = layer.weight_shape(first.in_shape) if layer.kind == "filter" else None
         gpu_by_sites = wshape is not None and by_sites(*layer.stride, first.in_shape[2])
+        peers: list[dict[int, tuple[int, int, int, int]]] = []
         for r in range(G):
             s, rc = transfers(r, owned, windows)
+            mine_peers: dict[int, list[int]] = {}
+            for way, ts in ((0, s), (1, rc)):
+                for t in ts:
+                    if t.peer != r:
+                        acc = mine_peers.setdefault(t.peer, [0, 0, 0, 0])
+                        acc[way] += t.box.size * itemsize
+                        acc[2 + way] += 1
+            peers.append({q: tuple(v) for q, v in mine_peers.items()})
             sent[r] = sum(t.box.size for t in s if t.peer != r) * itemsize
             recv[r] = sum(t.box.size for t in rc if t.peer != r) * itemsize
             local[r] = sum(t.box.size for t in s if t.peer == r) * itemsize
@@ -100,7 +113,8 @@ def layer_counts(network: Network, batch: int, dims: Sequence[int], itemsize: in
             copied[r] = 0 if lb.window_is_owned else local[r]
             if layer.kind in ("filter", "pool") and mr[r]:  # as NetworkPlan splits a layer
                 inner, rest = split_sites(layer, lb.in_shape, lb.sites, owned[r] & windows[r])
-                strips[r] = 0 if inner.is_empty else len(rest)
+                # the calls beyond one: the border strips, and the interior's pieces after the first
+                strips[r] = 0 if inner.is_empty else len(rest) + len(interior_pieces(inner)) - 1
             if lb.out.is_empty:
                 continue
             share = lb.sites.size / units
@@ -116,7 +130,7 @@ def layer_counts(network: Network, batch: int, dims: Sequence[int], itemsize: in
                                math.prod(wshape) if wshape else 0, prank, passes,
                                np.array([b.size for b in owned], float), np.array([b.size for b in windows], float),
                                np.array([r[li].out.size for r in rows], float), sent, recv, local, ms, mr, strips,
-                               copied, scratch))
+                               copied, scratch, peers))
     return out
 
 
@@ -207,12 +221,12 @@ def step_ops(network: Network, counts: list[LayerCounts], stage: int, batch: int
         reduce(replicas, 3 * 8, "losses over replicas")
     # (4) finite checks and the update
     elementwise(w * copies, 1, "finite check of the gradient", f)
-    reduce(G * replicas, 8, "finite check")
+    reduce(G * replicas, 3 * 8, "finite check, and the signs of a dead stage (train/vitals.py)")
     elementwise(w * copies, 3 + 2 * optimizer_slots, f"update ({optimizer_slots} optimizer slot(s))", f)
     elementwise(w * copies, 1, "finite check of the weights", f)
-    reduce(G * replicas, 8, "finite check")
+    reduce(G * replicas, 2 * 8, "finite check and filter norms of the weights")
     # (5) the step's bookkeeping: the slowest rank's exchange time, and the agreed stop check
-    reduce(G * replicas, 8, "exchange time (max)")
+    reduce(G * replicas, 2 * 8, "exchange time and read wait (max)")
     reduce(G * replicas, 8, "stop check (signals)")
     return ops
 

@@ -33,7 +33,8 @@ import numpy as np
 
 from ..array.partition import _divisor_pairs
 from ..nn.network import Network
-from .machine import call_seconds, default_ranks_per_node, message_seconds, op_seconds, rank_share
+from .machine import (call_seconds, default_ranks_per_node, link_of, message_seconds, op_seconds, rank_share,
+                      sustained_rate)
 from .model import Op, layer_counts, memory, step_ops
 
 _COUNTS_CACHE: dict[tuple, list] = {}
@@ -49,25 +50,90 @@ def counts_for(network: Network, batch: int, dims: Sequence[int], itemsize: int)
     return _COUNTS_CACHE[key]
 
 
-def _op_seconds(op: Op, machine: dict[str, Any], share: dict[str, float]) -> np.ndarray | float:
+def _wire(op: Op, counts: list, machine: dict[str, Any], nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(per rank: the exchange's wire time, its bytes sent to other nodes).  Messages to ranks of the
+    same node travel on ``link``, the others on ``node_link``, one after the other (a bound: on a CPU
+    node both kinds are moved by the same cores)."""
+    c = counts[op.layer]
+    G = len(c.sent)
+    within, across = np.zeros((4, G)), np.zeros((4, G))  # bytes sent, received, messages sent, received
+    for r, peers in enumerate(c.peers):
+        for q, v in peers.items():
+            sb, rb, sm, rm = v if op.what == "forward" else (v[1], v[0], v[3], v[2])  # the adjoint reverses
+            (across if nodes[q] != nodes[r] else within)[:, r] += (sb, rb, sm, rm)
+    wire = message_seconds(machine, np.maximum(within[2], within[3]), np.maximum(within[0], within[1]))
+    wire = wire + message_seconds(machine, np.maximum(across[2], across[3]), np.maximum(across[0], across[1]),
+                                  across=True)
+    return wire, across[0]
+
+
+#: A burst below this is no token bucket (machine files of unshaped links give a few KiB or 0).
+MIN_BURST = 16 << 10
+
+
+def bucket_waits(ops: list[Op], times: list[float], sends: dict[int, float], machine: dict[str, Any],
+                 passes: int = 8) -> dict[int, float]:
+    """Seconds each op that sends across nodes waits for a token bucket (``node_link``'s sustained rate
+    and burst), in a steady state of steps.
+
+    The bucket fills at the sustained rate while the step runs, up to the burst; an op sends its bytes
+    at the line rate while the bucket holds them, and waits for the rest at the sustained rate.  The
+    step is walked until the bucket's level at its start repeats.  A link without a bucket (a real
+    network: no burst worth the name) waits for nothing: its line rate is its sustained rate."""
+    node = machine.get("node_link") or {}
+    rate, burst = node.get("sustained_bytes_per_s"), node.get("burst_bytes", 0.0)
+    if not rate or burst < MIN_BURST or not any(sends.values()):
+        return {}
+    level, waits = burst, {}
+    for _ in range(passes):
+        start, waits = level, {}
+        for i, t in enumerate(times):
+            need = sends.get(i, 0.0)
+            if need > level:  # what the bucket lacks comes at the sustained rate (those tokens are spent)
+                waits[i] = (need - level) / rate
+                level = 0.0
+            else:
+                level -= need
+            level = min(burst, level + rate * t)
+        if abs(level - start) <= 1e-6 * burst:
+            break
+    return waits
+
+
+def _spans(ranks: Sequence[int], rpn: int) -> int:
+    """How many nodes ``ranks`` (world ranks, packed ``rpn`` to a node) sit on."""
+    return len({int(r) // rpn for r in ranks})
+
+
+def _op_seconds(op: Op, machine: dict[str, Any], share: dict[str, float], wire=None,
+                nodes_of_group: int = 1) -> np.ndarray | float:
+    """One op's time per rank (``wire``: an exchange's from :func:`_wire`; ``nodes_of_group``: how many
+    nodes a reduction's group spans)."""
     if op.kind == "compute":
         fl, by = np.broadcast_arrays(np.asarray(op.flops, float), np.asarray(op.bytes, float))
         return np.array([op_seconds(machine, share, op.what, a, b) for a, b in zip(fl.ravel(), by.ravel())])
     if op.kind == "exchange":
-        wire = message_seconds(machine, np.maximum(op.msgs_sent, op.msgs_received), np.maximum(op.sent, op.received))
+        if wire is None:
+            wire = message_seconds(machine, np.maximum(op.msgs_sent, op.msgs_received), np.maximum(op.sent, op.received))
         pack = (op.sent + op.received + op.local) / share["bandwidth"]
         return wire + pack + call_seconds(machine, None, share)
     n = op.group
     if n <= 1:
         return 0.0
     nbytes = np.asarray(op.bytes, float)
-    if op.label == "gradient over replicas":  # large: ring allreduce
-        return 2 * (n - 1) * machine["link"]["alpha_s"] + 2 * (n - 1) / n * nbytes * machine["link"]["beta_s_per_byte"]
-    return math.ceil(math.log2(n)) * message_seconds(machine, 1, nbytes)
+    across = nodes_of_group > 1
+    if op.label == "gradient over replicas":  # large: ring allreduce, as slow as its slowest hop
+        link = link_of(machine, across)
+        return 2 * (n - 1) * link["alpha_s"] + 2 * (n - 1) / n * nbytes * link["beta_s_per_byte"]
+    # recursive doubling: the hops between nodes on node_link, the rest within a node
+    hops_across = math.ceil(math.log2(nodes_of_group)) if across else 0
+    hops = max(math.ceil(math.log2(n)), hops_across)
+    return (hops - hops_across) * message_seconds(machine, 1, nbytes) + hops_across * message_seconds(
+        machine, 1, nbytes, across=True)
 
 
 def _overlapped(ops: list[Op], per_rank: list[np.ndarray], times: list[float], counts: list,
-                machine: dict[str, Any], share: dict[str, float]) -> list[float]:
+                machine: dict[str, Any], share: dict[str, float], wires: dict[int, np.ndarray]) -> list[float]:
     """The op times with overlap.  Each computation that runs while messages travel (``Op.hides``)
     and those exchanges form a phase; on each rank the phase loses the wire time hidden (the two
     count as the larger) and gains a call per border strip of a split forward.  The phase then
@@ -82,8 +148,7 @@ def _overlapped(ops: list[Op], per_rank: list[np.ndarray], times: list[float], c
         work = per_rank[j]
         for i in comp.hides:
             ex = ops[i]
-            wire = message_seconds(machine, np.maximum(ex.msgs_sent, ex.msgs_received),
-                                   np.maximum(ex.sent, ex.received))
+            wire = wires[i]
             # a forward overlaps where NetworkPlan splits the layer; the objective's meanwhile work always
             strips = counts[ex.layer].strips if ex.what == "forward" else 0.0
             where = strips > 0 if ex.what == "forward" else True
@@ -139,11 +204,36 @@ def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] |
     share = rank_share(machine, rpn)
     counts = counts_for(network, batch, dims, itemsize)
     ops = step_ops(network, counts, stage, batch, replicas, itemsize, optimizer_slots, tied)
-    per_rank = [np.broadcast_to(_op_seconds(op, machine, share), (len(counts[0].sent),)) for op in ops]
+    # where the ranks are: the model group's ranks 0..G-1 (replica 0) packed rpn to a node
+    nodes = np.arange(group) // rpn
+    wires, wires_egress, egress = {}, {}, np.zeros(group)
+    for i, op in enumerate(ops):
+        if op.kind == "exchange":
+            wires[i], wires_egress[i] = _wire(op, counts, machine, nodes)
+            egress += wires_egress[i]
+    spans = {group: _spans(range(group), rpn), group * replicas: _spans(range(group * replicas), rpn),
+             replicas: _spans(range(0, group * replicas, group), rpn)}
+    per_rank = [np.broadcast_to(_op_seconds(op, machine, share, wires.get(i), spans.get(op.group, 1)),
+                                (len(counts[0].sent),)) for i, op in enumerate(ops)]
     times = [float(np.max(t)) for t in per_rank]
     if overlap:
-        times = _overlapped(ops, per_rank, times, counts, machine, share)
+        times = _overlapped(ops, per_rank, times, counts, machine, share, wires)
     tot = {k: float(sum(t for t, op in zip(times, ops) if op.kind == k)) for k in ("compute", "exchange", "reduce")}
+    # What the busiest node sends to other nodes, op by op: the exchanges' bytes across nodes, and the
+    # replicas' ring (2 (n-1)/n of the gradient per rank) where it spans nodes.
+    busiest = int(np.argmax(np.bincount(nodes, weights=egress))) if len(nodes) else 0
+    sends = {}
+    for i, op in enumerate(ops):
+        if i in wires:
+            sends[i] = float(np.sum(wires_egress[i][nodes == busiest]))
+        elif op.label == "gradient over replicas" and spans.get(op.group, 1) > 1:
+            sends[i] = float(np.max(np.asarray(op.bytes, float))) * 2 * (op.group - 1) / op.group * min(rpn, group)
+    waits = bucket_waits(ops, times, sends, machine)
+    for i, w in waits.items():
+        times[i] += w
+    tot = {k: float(sum(t for t, op in zip(times, ops) if op.kind == k)) for k in ("compute", "exchange", "reduce")}
+    node_egress = float(sum(sends.values()))
+    link_bound = float(sum(waits.values()))
     mem = memory(network, counts, stage, itemsize, optimizer_slots, tied, gpu=machine["kind"] == "gpu")
     worst = int(np.argmax(mem["total"]))
     layers = []
@@ -173,6 +263,7 @@ def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] |
         "batch": batch, "dtype": np.dtype(dtype).name, "ranks_per_node": rpn, "overlap": bool(overlap),
         "seconds": tot["compute"] + tot["exchange"] + tot["reduce"], "compute_s": tot["compute"],
         "exchange_s": tot["exchange"], "reduce_s": tot["reduce"],
+        "node_egress_bytes": node_egress, "link_bound_s": link_bound, "nodes": int(nodes.max()) + 1 if len(nodes) else 1,
         "images_per_s": batch * replicas / max(tot["compute"] + tot["exchange"] + tot["reduce"], 1e-300),
         "flops_per_rank_max": float(step_flops.max()), "halo_bytes_per_rank_max": float(step_halo.max()),
         "memory_bytes": float(mem["total"][worst]), "memory_rank": worst,

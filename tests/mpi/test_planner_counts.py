@@ -10,6 +10,7 @@ import pytest
 from cotsdl.array import ProcessGrid
 from cotsdl.cli import run
 from cotsdl.nn import NetworkPlan
+from cotsdl.nn.layout import interior_pieces
 from cotsdl.planner.model import layer_counts
 from helpers import grids
 from netcases import network
@@ -37,7 +38,8 @@ def test_planner_counts_equal_the_plan(comm, dims, dtype, make):
         want = (ex.bytes_sent, ex.bytes_received, ex.messages_sent, ex.messages_received, ex.bytes_local)
         assert got == want, f"layer {lp.index} ({lp.layer.kind}) on rank {r} of grid {dims}"
         assert c.window_elems[r] == lp.window.size and c.out_elems[r] == lp.out.size
-        assert c.strips[r] == (len(lp.split[1]) if lp.split else 0)  # where overlap splits the layer
+        # where overlap splits the layer: the calls beyond one (border strips, the interior's other pieces)
+        assert c.strips[r] == (len(lp.split[1]) + len(interior_pieces(lp.split[0])) - 1 if lp.split else 0)
         if lp.layer.kind == "filter":
             assert c.params_rank[r] == real.init_params(0)[lp.index].size
     grid.free()

@@ -58,3 +58,19 @@ def test_interior_needs_only_ready_input_and_the_parts_tile_the_units(case):
                 if sites.contains(bigger):
                     need = layer.rf.input_box(site_output_box(layer, bigger, out_shape), in_shape)
                     assert not ready.contains(Box(need.lo[:2] + ready.lo[2:], need.hi[:2] + ready.hi[2:]))
+
+
+@given(lo0=st.integers(0, 5), lo1=st.integers(0, 5), rows=st.integers(0, 9), cols=st.integers(1, 6),
+       pieces=st.integers(1, 6))
+def test_interior_pieces_tile_the_interior_in_row_order(lo0, lo1, rows, cols, pieces):
+    from cotsdl.nn.layout import interior_pieces
+
+    inner = Box((lo0, lo1), (lo0 + rows, lo1 + cols))
+    got = interior_pieces(inner, pieces)
+    assert len(got) == (min(pieces, rows) if rows else 0)
+    assert sum(b.size for b in got) == inner.size and all(not b.is_empty for b in got)
+    assert all(b.lo[1] == lo1 and b.hi[1] == lo1 + cols for b in got)  # whole rows
+    assert [b.lo[0] for b in got] == sorted(b.lo[0] for b in got)
+    assert all(a.hi[0] == b.lo[0] for a, b in zip(got, got[1:]))  # in order, no gap, no overlap
+    if got:
+        assert got[0].lo[0] == lo0 and got[-1].hi[0] == lo0 + rows
