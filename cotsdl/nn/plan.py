@@ -70,6 +70,7 @@ class NetworkPlan:
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
         self.network, self.grid, self.batch, self.dtype = network, grid, int(batch), np.dtype(dtype)
         self.overlap = bool(overlap)
+        self._travelling: list[Any] = []  # exchanges whose messages travel while ``_join`` runs other work
         self.input_owned, boxes = layout(network, grid.dims, grid.coords, self.batch)
         self.layers: list[LayerPlan] = []
         for lb in boxes:
@@ -217,6 +218,9 @@ class NetworkPlan:
         for piece in interior_pieces(inner):  # MPI moves the halos on between the pieces
             self._forward_sites(lp, win.data, y, piece, params)
             pending.progress()
+            for other in self._travelling:  # and the sums this forward runs beside (``_join``)
+                if other is not None:
+                    other.progress()
         pending.wait()
         for sites in strips:
             self._forward_sites(lp, win.data, y, sites, params)
@@ -289,7 +293,11 @@ class NetworkPlan:
     def _join(self, pending: Any, extra: Callable[[], Any] | None, result: Any) -> Any:
         """Wait for ``pending`` and run ``extra``: ``extra`` first (while messages travel) with overlap."""
         if self.overlap and extra is not None:
-            extra()
+            self._travelling.append(pending)  # moved on between the pieces of the work in ``extra``
+            try:
+                extra()
+            finally:
+                self._travelling.pop()
             extra = None
         if pending is not None:
             pending.wait()
