@@ -9,11 +9,19 @@ committed by a rename, so the last complete one is never damaged.  A SIGTERM or 
 within ``grace`` seconds (3) of the first counts as the same request: at a time limit a
 rank often gets SIGTERM twice (from the scheduler, and forwarded by srun or mpiexec).
 A second Ctrl-C (SIGINT) always ends at once: a person pressed it twice.
+
+Python runs a signal handler only between bytecodes of the main thread, and the main thread
+may be blocked inside MPI for as long as a peer is (stopped, hung): there the handler would
+run only when the peer goes on.  So the second signal is counted by a thread instead: the
+interpreter's C-level handler writes every signal's number to a pipe (``signal.set_wakeup_fd``)
+even while the main thread is blocked, and a small thread that reads it ends the process
+(mpi4py releases the GIL inside MPI calls, as the watchdog thread relies on too).
 """
 from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 #: Exit status after a checkpoint written on request: "requeue me" (EX_TEMPFAIL of sysexits.h).
@@ -22,23 +30,55 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 class PreemptionGuard:
-    """Install the handlers (main thread only); ``requested()`` says whether a signal came."""
+    """Install the handlers (main thread only); ``requested()`` says whether a signal came.
+
+    The main thread's handler only notes the first signal (so that ``requested()`` holds as soon
+    as it returns); the thread reading the wakeup pipe counts every signal and ends the process
+    on a second one, blocked main thread or not.
+    """
 
     def __init__(self, signals: tuple[int, ...] = SIGNALS, grace: float = 3.0):
         self.received: int | None = None
         self.grace = float(grace)
-        self._at = 0.0
-        self._old = {s: signal.signal(s, self._handle) for s in signals}
+        self._signals = frozenset(int(s) for s in signals)
+        self._first_at: float | None = None  # when the thread saw the first signal (only it reads this)
+        self._old = {s: signal.signal(s, self._note) for s in signals}
+        self._rfd, self._wfd = os.pipe()
+        os.set_blocking(self._wfd, False)  # set_wakeup_fd needs it: a signal handler never blocks
+        self._old_wakeup = signal.set_wakeup_fd(self._wfd, warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._watch, name="cotsdl-signals", daemon=True)
+        self._thread.start()
 
-    def _handle(self, signum: int, frame) -> None:
-        if (self.received is not None and signum != signal.SIGINT
-                and time.monotonic() - self._at < self.grace):
+    def _note(self, signum: int, frame) -> None:
+        """The main thread's handler: the first signal is a request (the thread decides the rest).  No
+        lock: a handler may run again inside itself, and either thread setting it first is the same."""
+        if self.received is None:
+            self.received = signum
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                got = os.read(self._rfd, 64)  # one byte per signal, its number
+            except OSError:
+                return
+            if not got or 0 in got:  # restore(): the guard is gone
+                return
+            for signum in got:
+                if signum in self._signals:
+                    self._count(signum)
+
+    def _count(self, signum: int) -> None:
+        now = time.monotonic()
+        if self._first_at is None:
+            self._first_at = now
+            if self.received is None:
+                self.received = signum
+            return
+        if signum != signal.SIGINT and now - self._first_at < self.grace:
             return  # the same request delivered twice (a scheduler's signal, forwarded again by srun/mpiexec)
-        if self.received is not None:
-            os.write(2, f"cotsdl: second signal {signal.Signals(signum).name}: exiting now; the last complete "
-                        "checkpoint is intact\n".encode())
-            os._exit(128 + signum)
-        self.received, self._at = signum, time.monotonic()
+        os.write(2, f"cotsdl: second signal {signal.Signals(signum).name}: exiting now; the last complete "
+                    "checkpoint is intact\n".encode())
+        os._exit(128 + signum)
 
     def requested(self) -> bool:
         return self.received is not None
@@ -48,5 +88,13 @@ class PreemptionGuard:
         return signal.Signals(self.received).name if self.received is not None else ""
 
     def restore(self) -> None:
+        signal.set_wakeup_fd(self._old_wakeup)
         for s, h in self._old.items():
             signal.signal(s, h)
+        try:
+            os.write(self._wfd, b"\0")  # the thread's cue to end
+        except BlockingIOError:  # a pipe full of unread signals: the thread is behind, and a daemon
+            pass
+        self._thread.join(1.0)
+        os.close(self._wfd)
+        os.close(self._rfd)

@@ -20,9 +20,11 @@ scikit-image and Pillow are imported only inside the builders that need them
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
+import stat
 import sys
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -254,15 +256,67 @@ def _read_image(file: Path, channels: int, Image, ImageOps) -> tuple[np.ndarray,
     return _to_channels(_as_float(arr), channels), colour
 
 
-def _listing(src: Path, recursive: bool) -> tuple[list[Path], list[Path], list[Path]]:
-    """(images, other files, subfolders not read) of ``src``, sorted by path."""
-    files, skipped, folders = [], [], []
-    for f in sorted(src.rglob("*") if recursive else src.iterdir()):
-        if f.is_file():
-            (files if f.suffix.lower() in IMAGE_SUFFIXES else skipped).append(f)
-        elif f.is_dir() and not recursive:
-            folders.append(f)
-    return files, skipped, folders
+def _unreadable_reason(e: OSError, f: Path) -> str:
+    if e.errno == errno.ELOOP:
+        return "symlink loop"
+    if e.errno == errno.ENOENT and f.is_symlink():
+        return f"broken link (to {os.readlink(f)})"
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    return e.strerror or str(e)
+
+
+def _listing(src: Path, recursive: bool) -> tuple[list[Path], list[Path], list[Path], list[tuple[Path, str]]]:
+    """(images, other files, subfolders not read, entries that cannot be read and why) of ``src``,
+    sorted by path.  Links are followed to files, not to folders."""
+    files, skipped, folders, unreadable = [], [], [], []
+    todo = [src]
+    while todo:
+        d = todo.pop()
+        try:
+            entries = list(d.iterdir())
+        except OSError as e:
+            if d == src:
+                raise
+            unreadable.append((d, _unreadable_reason(e, d)))
+            continue
+        for f in entries:
+            try:
+                mode = f.stat().st_mode  # through a link: what it points to
+            except OSError as e:
+                unreadable.append((f, _unreadable_reason(e, f)))
+                continue
+            if stat.S_ISDIR(mode):
+                if not recursive:
+                    folders.append(f)
+                elif f.is_symlink():
+                    unreadable.append((f, "link to a folder (not followed)"))
+                else:
+                    todo.append(f)
+            elif not stat.S_ISREG(mode):
+                unreadable.append((f, "not a regular file"))
+            elif f.suffix.lower() not in IMAGE_SUFFIXES:
+                skipped.append(f)
+            elif not os.access(f, os.R_OK):
+                unreadable.append((f, "permission denied"))
+            else:
+                files.append(f)
+    return sorted(files), sorted(skipped), sorted(folders), sorted(unreadable)
+
+
+def _say_unreadable(src: Path, unreadable: list[tuple[Path, str]], shown: int = 20) -> None:
+    """Every entry that could not be read, by name and reason (the first ``shown``), and their count."""
+    for f, why in unreadable[:shown]:
+        print(f"cotsdl: warning: {f}: {why}, skipped", file=sys.stderr)
+    if len(unreadable) > shown:
+        print(f"cotsdl: warning: … and {len(unreadable) - shown} more", file=sys.stderr)
+    reasons: dict[str, int] = {}
+    for _, why in unreadable:
+        key = why.split(" (")[0]
+        reasons[key] = reasons.get(key, 0) + 1
+    print(f"cotsdl: warning: {len(unreadable)} entr{'y' if len(unreadable) == 1 else 'ies'} of {src} could not be "
+          f"read and {'was' if len(unreadable) == 1 else 'were'} skipped ("
+          + ", ".join(f"{why}: {n}" for why, n in sorted(reasons.items())) + ")", file=sys.stderr)
 
 
 def folder(path: str | os.PathLike, src_folder: str | os.PathLike, size: Sequence[int], channels: int = 1,
@@ -279,13 +333,17 @@ def folder(path: str | os.PathLike, src_folder: str | os.PathLike, size: Sequenc
     recursive : bool
         Read the subfolders too (else they are skipped, and said so).
 
-    Other files are skipped with a warning; a file that cannot be decoded is an error.
+    Other files are skipped with a warning, and so are entries that cannot be read (symlink loops,
+    broken links, permission denied; each named, with their count); a file that cannot be decoded
+    is an error.
     """
     size = _check_common(None, size, channels, mode)
     src = Path(src_folder)
     if not src.is_dir():
         raise DatasetError(f"{src}: no such folder" if not src.exists() else f"{src}: not a folder")
-    files, skipped, folders = _listing(src, recursive)
+    files, skipped, folders, unreadable = _listing(src, recursive)
+    if unreadable:
+        _say_unreadable(src, unreadable)
     for f in skipped:
         print(f"cotsdl: warning: {f}: not an image ({', '.join(IMAGE_SUFFIXES)}), skipped", file=sys.stderr)
     if folders:
@@ -294,7 +352,8 @@ def folder(path: str | os.PathLike, src_folder: str | os.PathLike, size: Sequenc
               file=sys.stderr)
     if not files:
         raise DatasetError(f"{src}: no images found ({', '.join(IMAGE_SUFFIXES)})"
-                           + ("; its subfolders are read with --recursive" if folders else ""))
+                           + ("; its subfolders are read with --recursive" if folders else "")
+                           + (f"; {len(unreadable)} entries could not be read (above)" if unreadable else ""))
     pil = _need("PIL.Image", "Pillow", "the folder builder")
     ops = _need("PIL.ImageOps", "Pillow", "the folder builder")
     names = [str(f.relative_to(src)) for f in files]
@@ -302,6 +361,8 @@ def folder(path: str | os.PathLike, src_folder: str | os.PathLike, size: Sequenc
               "recursive": bool(recursive)}
     listing = {"files_count": len(names), "files_sha256": hashlib.sha256("\n".join(names).encode()).hexdigest(),
                "skipped": [str(f.relative_to(src)) for f in skipped][:100]}
+    if unreadable:  # (only then: the recipe of a folder read whole is as it was)
+        listing["unreadable"] = [f"{f.relative_to(src)}: {why}" for f, why in unreadable][:100]
     if len(names) <= 10000:  # keep the attribute small for huge folders: the digest identifies them
         listing["files"] = names
     recipe = _recipe("folder", None, params, **listing)

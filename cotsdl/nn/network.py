@@ -170,14 +170,39 @@ def unit_gain_norm(layer: LocalFilter, channels_in: int) -> float:
     return unit_gain_std(layer) * float(np.sqrt(layer.size[0] * layer.size[1] * channels_in))
 
 
-def project_norm(w: Any, norm: float) -> Any:
+def filter_norms(w: Any) -> Any:
+    """Every unit's filter norm of ``w`` (..., rh, rw, C), shape (..., 1, 1, 1), in ``w``'s dtype.
+
+    Overflow-safe: where the plain sum of squares overflows (float32 filters beyond about 1e19)
+    or underflows to 0 (below about 1e-19), the unit is scaled by its largest entry before
+    squaring.  Only those units pay for the second pass.
+    """
+    xp = backend.array_module(w)
+    axes = (-3, -2, -1)
+    with np.errstate(over="ignore", under="ignore"):
+        n = xp.sqrt((w * w).sum(axis=axes, keepdims=True))
+    redo = ~xp.isfinite(n) | (n == 0)
+    if bool(redo.any()):
+        units = xp.nonzero(redo.reshape(redo.shape[:-3]))
+        part = w[units]  # (units, rh, rw, C): a copy of the few units concerned
+        with np.errstate(invalid="ignore", over="ignore"):
+            m = xp.abs(part).max(axis=axes, keepdims=True)
+            safe = xp.where(m > 0, m, w.dtype.type(1))
+            fixed = m * xp.sqrt(((part / safe) ** 2).sum(axis=axes, keepdims=True))
+        n[units] = fixed  # still inf where an entry is inf, NaN where one is NaN, 0 for a zero filter
+    return n
+
+
+def project_norm(w: Any, norm: float, norms: Any = None) -> Any:
     """Every unit's filter of ``w`` (..., rh, rw, C) scaled to L2 norm ``norm``, in place.
 
     Per unit, so it needs no communication: a rank holds whole sites, and the
     result is the same on any grid split or replica.  A zero filter stays zero.
+    ``norms``: the units' norms before, if the caller has them (:func:`filter_norms`, which
+    keeps a filter whose squares overflow from being scaled to zero).
     """
     xp = backend.array_module(w)
-    n = xp.sqrt((w * w).sum(axis=(-3, -2, -1), keepdims=True))
+    n = filter_norms(w) if norms is None else norms
     w *= (w.dtype.type(norm) / xp.maximum(n, w.dtype.type(1e-30))).astype(w.dtype, copy=False)
     return w
 

@@ -31,6 +31,7 @@ from ..nn.layers import LCN, L2Pool, LocalFilter
 from ..nn.network import Network, Stage
 from ..nn.plan import NetworkPlan
 from ..ops.residual import residual
+from . import vitals
 
 
 @dataclass
@@ -44,6 +45,8 @@ class LossParts:
     signal: float = float("nan")
     #: the mean pooled activation per image (sparsity without lam)
     pooled: float = float("nan")
+    #: some unit of this rank varies over the batch (or, with one image, is non-zero): not silent
+    active: bool = True
 
 
 class StageObjective:
@@ -88,7 +91,8 @@ class StageObjective:
         dxh_data = lend(xo.shape, dt, xp)
         rec, sig = residual(xh.data, xo, 2.0 / N, dxh_data)  # dx_hat = 2 r / N and the sums, in one pass
         rec, spa, sig = sum_values(plan.grid.comm, [rec, pooled.data.sum(), sig])
-        parts = LossParts((rec + self.lam * spa) / N, rec / N, self.lam * spa / N, sig / N, spa / N)
+        parts = LossParts((rec + self.lam * spa) / N, rec / N, self.lam * spa / N, sig / N, spa / N,
+                          vitals.active(h.owned_data))
         # backward
         dxh = DistArray(x.comm, xh.shape, xh.window, xh.owned, data=dxh_data)
         dh, dec_tape = plan.forward(dxh, {f: dec}, start=f, upto=p)  # F_{w'}(dx_hat), the decoder's transpose

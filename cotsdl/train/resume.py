@@ -57,10 +57,16 @@ def choose_decomposition(meta: dict[str, Any], comm: MPI.Comm, batch: int | None
     return batch, replicas, grid
 
 
-def saved_optimizer(meta: dict[str, Any]) -> optim.Optimizer | None:
-    """A fresh optimizer with the checkpoint's kind, hyper-parameters and schedule (None if none was saved)."""
+def saved_optimizer(meta: dict[str, Any], given: optim.Optimizer | None) -> tuple[optim.Optimizer | None, str | None]:
+    """A fresh optimizer with the checkpoint's kind, hyper-parameters and schedule (None if none was
+    saved), and why it cannot continue the run when nothing else is ``given`` (a schedule refused
+    since it was saved, as a warm-up past its decay's end)."""
     opt = meta.get("optimizer")
-    return None if opt is None else optim.from_state(opt["kind"], opt["hyper"], opt["schedule"])
+    try:
+        return (None if opt is None else optim.from_state(opt["kind"], opt["hyper"], opt["schedule"])), None
+    except ValueError as e:
+        return None, None if given is not None else (f"the checkpoint's optimizer cannot continue: {e}; pass an "
+                                                     "optimizer (the CLI: the config's train.schedule)")
 
 
 def template_error(meta: dict[str, Any], given: optim.Optimizer | None) -> str | None:

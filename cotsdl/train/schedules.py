@@ -2,6 +2,11 @@
 
 A schedule maps the step number t = 0, 1, ... to a learning rate, and describes
 itself as plain data (for checkpoints): ``describe()`` / :func:`from_description`.
+
+No schedule is 0 by accident: a warm-up is positive from its first step, a decaying schedule's
+warm-up must end before its ``total_steps`` (:func:`validate`: else it would ramp up to the
+schedule's end value, 0 by default), and :func:`zero_error` names the steps of a stage that
+would run past a decay to 0 (the trainer refuses them before the first step).
 """
 from __future__ import annotations
 
@@ -69,7 +74,13 @@ class Cosine:
 
 @dataclass(frozen=True)
 class Warmup:
-    """Linear warmup from ``start_factor * after(0)`` to ``after(warmup_steps)`` over ``warmup_steps``, then ``after``."""
+    """Linear warmup to ``after(warmup_steps)`` over ``warmup_steps``, then ``after``.
+
+    The ramp runs from ``start_factor`` times the target, one step before the first, to the
+    target at step ``warmup_steps``: step t < warmup_steps has the factor
+    start_factor + (1 - start_factor) (t + 1) / (warmup_steps + 1), so even the first step
+    trains (with the default start_factor 0, at 1 / (warmup_steps + 1) of the target).
+    """
 
     after: Any
     warmup_steps: int
@@ -82,7 +93,7 @@ class Warmup:
         if t >= self.warmup_steps:
             return self.after(t)
         target = self.after(self.warmup_steps)
-        return target * (self.start_factor + (1.0 - self.start_factor) * t / self.warmup_steps)
+        return target * (self.start_factor + (1.0 - self.start_factor) * (t + 1) / (self.warmup_steps + 1))
 
 
 KINDS = {"constant": Constant, "step": StepDecay, "polynomial": Polynomial, "cosine": Cosine, "warmup": Warmup}
@@ -105,6 +116,13 @@ def validate(s: Any) -> Any:
         if int(s.warmup_steps) < 1:
             raise ValueError(f"warmup_steps must be >= 1, got {s.warmup_steps!r}")
         validate(s.after)
+        end = getattr(s.after, "total_steps", None)
+        if end is not None and s.warmup_steps >= end:
+            floor = "end_lr" if isinstance(s.after, Polynomial) else "min_lr"
+            raise ValueError(f"warmup_steps = {s.warmup_steps} must be less than total_steps = {end} of the "
+                             f"{_kind(s.after)} schedule: the warm-up ramps up to the schedule's rate at step "
+                             f"{s.warmup_steps}, past its end, where it is {floor} = {getattr(s.after, floor):.3g} "
+                             "(every step of the warm-up and after it would train at that rate)")
         return s
     _positive("learning rate", s.lr)
     for name in ("step_size", "total_steps"):
@@ -122,8 +140,36 @@ def as_schedule(lr: Any) -> Any:
     return validate(lr)
 
 
+def _kind(s: Any) -> str:
+    return next(k for k, v in KINDS.items() if type(s) is v)
+
+
+def zero_error(s: Any, first: int, stop: int) -> str | None:
+    """Why steps ``first``..``stop - 1`` of a schedule would not all train (a rate of 0 or
+    less), naming the first such step and the keys to change; None when every rate is positive.
+
+    Every schedule here rises (warm-up) and then never rises again, so the rates of the
+    steps are all positive when those of the first and the last step are.
+    """
+    if stop <= first or (s(first) > 0 and s(stop - 1) > 0):
+        return None
+    lo, hi = first, stop - 1  # the first step at rate 0: on the falling part, by bisection
+    if s(first) > 0:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if s(mid) > 0 else (lo, mid)
+    zero = first if s(first) <= 0 else hi
+    base = s.after if isinstance(s, Warmup) else s
+    why = f"the {_kind(base)} schedule's rate is {s(zero):.3g} from step {zero + 1} on"
+    if isinstance(base, (Polynomial, Cosine)):
+        floor = "end_lr" if isinstance(base, Polynomial) else "min_lr"
+        return (f"{why}: the stage's {stop} steps run past the schedule's total_steps = {base.total_steps}, where it "
+                f"ends at {floor} = 0; give train.schedule.total_steps >= {stop} or {floor} > 0")
+    return f"{why} (it underflows); give a larger train.schedule.gamma or step_size"
+
+
 def describe(s: Any) -> dict:
-    kind = next(k for k, v in KINDS.items() if type(s) is v)
+    kind = _kind(s)
     d = asdict(s) if kind != "warmup" else {"after": describe(s.after), "warmup_steps": s.warmup_steps,
                                            "start_factor": s.start_factor}
     return {"kind": kind, **d}

@@ -340,3 +340,50 @@ def test_folder_says_what_it_did_with_colour_and_subfolders(tmp_path, image_fold
     assert images.shape == (4, 10, 10, 1) and recipe["params"]["recursive"] is True
     builders.folder(tmp_path / "rgb.h5", image_folder, (10, 10), channels=3, recursive=True)
     assert "converted" not in capsys.readouterr().err
+
+
+def test_folder_names_the_entries_it_cannot_read(tmp_path, image_folder, pil, capsys, monkeypatch):
+    """Symlink loops, broken links, unreadable files and folders were dropped without a word."""
+    import os
+
+    (image_folder / "loop1.png").symlink_to("loop2.png")
+    (image_folder / "loop2.png").symlink_to("loop1.png")
+    (image_folder / "gone.png").symlink_to("nowhere.png")
+    sub = image_folder / "more"
+    sub.mkdir()
+    pil.fromarray(np.full((12, 12), 90, np.uint8)).save(sub / "c.png")
+    (image_folder / "again").symlink_to("more")
+    secret, closed = image_folder / "secret.png", image_folder / "closed"
+    pil.fromarray(np.full((12, 12), 9, np.uint8)).save(secret)
+    closed.mkdir()
+    real_access, real_iterdir = os.access, type(closed).iterdir
+
+    def access(path, mode, **kw):  # root reads everything: the refusal a user would get, by hand
+        return False if str(path) == str(secret) else real_access(path, mode, **kw)
+
+    def iterdir(self):
+        if self == closed:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_iterdir(self)
+
+    monkeypatch.setattr(os, "access", access)
+    monkeypatch.setattr(type(closed), "iterdir", iterdir)
+    builders.folder(tmp_path / "deep.h5", image_folder, (10, 10), recursive=True)
+    err = capsys.readouterr().err
+    for name, why in (("loop1.png", "symlink loop"), ("loop2.png", "symlink loop"),
+                      ("gone.png", "broken link (to nowhere.png)"), ("secret.png", "permission denied"),
+                      ("closed", "permission denied"), ("again", "link to a folder (not followed)")):
+        assert f"cotsdl: warning: {image_folder / name}: {why}, skipped" in err
+    assert (f"cotsdl: warning: 6 entries of {image_folder} could not be read and were skipped (broken link: 1, "
+            "link to a folder: 1, permission denied: 2, symlink loop: 2)") in err
+    recipe = read(tmp_path / "deep.h5")[2]
+    assert recipe["files"] == ["a_gray.jpg", "b_wide.png", "more/c.png"]
+    assert recipe["unreadable"][0] == "again: link to a folder (not followed)" and len(recipe["unreadable"]) == 6
+    builders.folder(tmp_path / "flat.h5", image_folder, (10, 10))
+    err = capsys.readouterr().err
+    assert f"4 entries of {image_folder} could not be read" in err and "closed" not in err.split("subfolder")[0]
+    monkeypatch.undo()
+    for name in ("loop1.png", "loop2.png", "gone.png", "again"):
+        (image_folder / name).unlink()
+    builders.folder(tmp_path / "clean.h5", image_folder, (10, 10))
+    assert "could not be read" not in capsys.readouterr().err and "unreadable" not in read(tmp_path / "clean.h5")[2]

@@ -502,9 +502,10 @@ def case_nonfinite_repeated_stops_with_checkpoint_intact(ctx):
 
 # ---------------------------------------------------------------- driver
 
-from . import disks, inputs  # noqa: E402 - the cases of round two, by what they break
+from . import disks, inputs, liveness  # noqa: E402 - the cases of rounds two and three, by what they break
 
-CASES = [(name[5:], fn) for space in (globals(), vars(inputs), vars(disks)) for name, fn in list(space.items())
+CASES = [(name[5:], fn) for space in (globals(), vars(inputs), vars(disks), vars(liveness))
+         for name, fn in list(space.items())
          if name.startswith("case_") and callable(fn)]
 
 

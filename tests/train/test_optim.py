@@ -113,9 +113,29 @@ def test_schedules():
     assert sch.Polynomial(1.0, 10)(50) == 0.0
     assert sch.Cosine(1.0, 10, 0.0)(5) == pytest.approx(0.5)
     w = sch.Warmup(sch.Cosine(1.0, 100), warmup_steps=10)
-    assert w(0) == 0.0 and w(5) == pytest.approx(0.5 * sch.Cosine(1.0, 100)(10)) and w(50) == sch.Cosine(1.0, 100)(50)
+    peak = sch.Cosine(1.0, 100)(10)  # a ramp to the schedule's rate at step 10 that trains from its first step
+    assert w(0) == pytest.approx(peak / 11) and w(5) == pytest.approx(6 / 11 * peak) and w(50) == sch.Cosine(1.0, 100)(50)
+    assert sch.Warmup(sch.Constant(1.0), 3, start_factor=0.5)(0) == pytest.approx(0.5 + 0.5 / 4)
     for s in (sch.Constant(0.1), sch.StepDecay(1.0, 10), w):
         assert sch.from_description(sch.describe(s)) == s
+
+
+def test_no_schedule_is_zero_by_accident():
+    """A decaying schedule's warm-up must end before it does (it would ramp to its end value, 0); steps
+    past a decay to 0 are named (the trainer refuses them)."""
+    for after, floor in ((sch.Cosine(0.01, 5), "min_lr = 0"), (sch.Polynomial(0.01, 5, end_lr=1e-4), "end_lr = 0.0001")):
+        with pytest.raises(ValueError) as e:
+            optim.SGD(sch.Warmup(after, warmup_steps=5))
+        assert str(e.value).startswith("warmup_steps = 5 must be less than total_steps = 5") and floor in str(e.value)
+    with pytest.raises(ValueError, match="warmup_steps = 50 must be less than total_steps = 5"):
+        sch.from_config(0.01, {"kind": "cosine", "total_steps": 5, "warmup_steps": 50})
+    assert sch.from_config(0.01, {"kind": "cosine", "total_steps": 5, "warmup_steps": 4})(0) > 0
+    assert sch.from_config(0.01, {"kind": "step", "step_size": 2, "warmup_steps": 50})(0) > 0  # no end to pass
+    cos = sch.Warmup(sch.Cosine(1.0, 100), 10)
+    assert sch.zero_error(cos, 0, 100) is None and sch.zero_error(cos, 100, 100) is None
+    assert "rate is 0 from step 101 on" in sch.zero_error(cos, 30, 150)
+    assert "rate is 0 from step 101 on" in sch.zero_error(sch.Polynomial(1.0, 100, power=3.0), 0, 101)
+    assert "underflows" in sch.zero_error(sch.StepDecay(1.0, 1, 0.01), 0, 400)
 
 
 def test_schedule_drives_the_step():

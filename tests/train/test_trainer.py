@@ -296,14 +296,14 @@ def test_resume_with_fewer_steps_starts_the_next_stage_schedule_anew(tmp_path):
 
     from cotsdl.train import schedules
 
-    def cosine():
-        return Momentum(schedules.Cosine(0.01, total_steps=3))
+    def cosine(total):
+        return Momentum(schedules.Cosine(0.01, total_steps=total))
 
-    tr = small_trainer(tmp_path, opt=cosine())
-    tr.train_stage(0, 5)  # past the schedule's end: the stage's rate is 0 now
+    tr = small_trainer(tmp_path, opt=cosine(5))
+    tr.train_stage(0, 5)
     tr.save()
-    log = io.StringIO()
-    again = GreedyTrainer.resume(str(tmp_path), tr.data, cosine(), comm=MPI.COMM_SELF, log=log)
+    log = io.StringIO()  # the config now asks 3 steps a stage, on a schedule of 3: stage 0's rate would be 0 on
+    again = GreedyTrainer.resume(str(tmp_path), tr.data, cosine(3), comm=MPI.COMM_SELF, log=log)
     again.train([3, 2, 0])
     first = next(r for r in again.history if r["stage"] == 1)
     assert first["stage_step"] == 1 and first["lr"] == pytest.approx(0.01)
