@@ -9,6 +9,8 @@ adjoint) pass with the grid split across nodes; and a node that dies mid-run (it
 killed, its link cut, or a link that carries almost nothing) ends every rank within a bound,
 named in cotsdl's words, with the newest checkpoint intact and the run resumable on fewer ranks.
 """
+import json
+import json
 import os
 import shutil
 import subprocess
@@ -20,6 +22,7 @@ import numpy as np
 import pytest
 
 from cotsdl.io.dataset import write_dataset
+from cotsdl.planner.predict import MIN_BURST
 from testkit import final_weights, tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,6 +168,39 @@ def test_rank_nodes_and_placement_see_two_nodes():
     assert res.returncode == 0 and "checked" in res.stdout, res.stderr[-3000:]
 
 
+@pytest.mark.timeout(120)
+def test_two_level_reduction_across_the_nodes(tmp_path):
+    """2 nodes x 2 ranks: the two-level sum equals the flat allreduce bit for bit ((a + b) + (c + d) either
+    way), "auto" picks it for 4 replicas and not for 2 (one rank per node); bench reduction says so."""
+    code = ("import numpy as np\n"
+            "from mpi4py import MPI\n"
+            "from cotsdl.array.grid import split_replicas\n"
+            "from cotsdl.train.allreduce import Reduction\n"
+            "c = MPI.COMM_WORLD\n"
+            "two = Reduction(c, 'auto')\n"
+            "assert two.kind == 'two-level' and two._two.nodes == 2, two.reason\n"
+            "for n in (1, 1000, 300001):\n"
+            "    x = np.random.default_rng(c.rank * 7 + n).standard_normal(n).astype(np.float32)\n"
+            "    flat = x.copy()\n"
+            "    c.Allreduce(MPI.IN_PLACE, flat)\n"
+            "    assert np.array_equal(two(x.copy()), flat), n\n"
+            "dec = split_replicas(c, 2)\n"
+            "assert Reduction(dec.replica_comm, 'auto').kind == 'flat'\n"
+            "if c.rank == 0: print('checked', flush=True)\n")
+    res = subprocess.run([MPIEXEC, *on_nodes(4, 2), sys.executable, "-m", "mpi4py", "-c", code], cwd=ROOT,
+                         env=nodes_env(), capture_output=True, text=True, timeout=100)
+    assert res.returncode == 0 and "checked" in res.stdout, res.stderr[-3000:]
+    out = tmp_path / "reduction.json"
+    res = subprocess.run([MPIEXEC, *on_nodes(4, 2), sys.executable, "-m", "mpi4py", "-m", "cotsdl", "bench",
+                          "reduction", "--mb", "0.01", "--rounds", "3", "--calls", "1", "--json", str(out)], cwd=ROOT,
+                         env=nodes_env(), capture_output=True, text=True, timeout=100)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {r["replicas"]: r for r in json.loads(out.read_text())["results"]}
+    assert rows[4]["auto"] == "two-level" and rows[4]["group_nodes"] == 2 and rows[4]["bitwise_equal"], rows[4]
+    assert rows[2]["auto"] == "flat" and rows[2]["group_most_on_a_node"] == 1, rows[2]
+    assert "2 on 2 node(s)" in res.stdout and "two-level" in res.stdout, res.stdout
+
+
 #: Steps of the two stages of the runs that lose a node: long enough that the loss comes in stage 0.
 LOSS_STEPS = (800, 30)
 
@@ -175,9 +211,39 @@ def _loss_config(config, name):
     return cfg
 
 
+def _in_use(path):
+    """Whether any process has ``path`` open or mapped."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if str(path) in (proc / "maps").read_text():
+                return True
+            if any(os.readlink(fd) == str(path) for fd in (proc / "fd").iterdir()):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _remove_dead_segments(before):
+    """MPICH's shared-memory segments that the killed run left in /dev/shm (none of ours in use)."""
+    for seg in set(Path("/dev/shm").glob("mpich_shm_*")) - before:
+        if not _in_use(seg):
+            seg.unlink(missing_ok=True)
+
+
 def _lose_node_midway(setup, name, lose, restore):
     """Start a 2-node run, call ``lose()`` once it has a checkpoint, and return (output, seconds from
     the loss to the end of the launcher, the run folder); ``restore()`` always runs after."""
+    segments = set(Path("/dev/shm").glob("mpich_shm_*"))
+    try:
+        return _lose_node(setup, name, lose, restore)
+    finally:
+        _remove_dead_segments(segments)
+
+
+def _lose_node(setup, name, lose, restore):
     tmp, config = setup
     cfg = _loss_config(config, name)
     run = tmp / name
@@ -297,3 +363,31 @@ def test_a_link_that_carries_almost_nothing(setup):
     assert took < BOUND, f"the launcher ended {took:.1f} s after the link slowed (bound {BOUND} s)"
     assert any(run.glob("checkpoints/ckpt-*/index.json"))
     shutil.rmtree(run)
+
+
+@pytest.mark.timeout(300)
+def test_calibrate_measures_the_link_between_nodes_apart(tmp_path):
+    """`bench calibrate` over 2 nodes x 2 ranks: ``link`` from ranks of one node, ``node_link`` across;
+    with node 1's link shaped to 100 Mbit/s (tbf, a 128 KB bucket) the streams find the sustained rate
+    and a burst, and the planner then bounds a step by them."""
+    def calibrate(name):
+        res = subprocess.run([MPIEXEC, *on_nodes(4, 2), sys.executable, "-m", "mpi4py", "-m", "cotsdl", "bench",
+                              "calibrate", "--quick", "--json", str(tmp_path / name)], cwd=ROOT, env=nodes_env(),
+                             capture_output=True, text=True, timeout=250)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        return json.loads((tmp_path / name).read_text()), res.stdout
+
+    plain, out = calibrate("plain.json")
+    assert "ping-pong ranks 0 <-> 1 (one node)" in out and "ping-pong ranks 0 <-> 2 (two nodes)" in out, out
+    node = plain["node_link"]
+    assert node["burst_bytes"] < MIN_BURST, node  # an unshaped veth: no bucket
+    subprocess.run(["bash", str(NODES_UP), "shape", "1", "100mbit"], check=True, capture_output=True)
+    try:
+        shaped, out = calibrate("shaped.json")
+    finally:
+        subprocess.run(["bash", str(NODES_UP), "shape", "1", "off"], check=True, capture_output=True)
+    node = shaped["node_link"]
+    assert 0.7 <= node["sustained_bytes_per_s"] / 12.5e6 <= 1.3, node
+    assert MIN_BURST <= node["burst_bytes"] <= 4 * 128e3, node
+    assert "a token bucket" in out
+    assert shaped["link"]["beta_s_per_byte"] < node["beta_s_per_byte"] * 10  # within a node: memory, not TCP
