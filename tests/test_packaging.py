@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+#: One worker builds the wheel (tests/run.sh: --dist loadgroup): two builds from the same tree at once
+#: share its build/ folder and break each other.
+pytestmark = pytest.mark.xdist_group("wheel")
 
 
 @pytest.fixture(scope="module")

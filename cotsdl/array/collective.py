@@ -1,10 +1,12 @@
 """Collectives: reductions of numbers and buffers, and collective validation.
 
 **Reductions.**  Every sum over ranks in the package goes through :func:`allreduce`
-(a buffer, host or device) or :func:`sum_values` (a few numbers).  MPI does not see
-CUDA streams, so a device buffer is handed over only after the stream is
-synchronized, and a device pointer reaches MPI only when the library is CUDA-aware;
-otherwise the buffer is staged through page-locked host memory.
+(a buffer, host or device), :func:`sum_values` (a few numbers) or, for the replicas'
+gradients across nodes, :class:`cotsdl.array.twolevel.TwoLevel`; all hand MPI memory
+through :func:`on_mpi_memory`.  MPI does not see CUDA streams, so a device buffer is
+handed over only after the stream is synchronized, and a device pointer reaches MPI
+only when the library is CUDA-aware; otherwise the buffer is staged through
+page-locked host memory.
 
 **Validation.**  A check that fails on one rank only and raises there would leave its
 peers waiting in the next collective call forever.  Every rank therefore reports its
@@ -32,16 +34,24 @@ def allreduce(comm: MPI.Comm, buf: Any, op: MPI.Op = MPI.SUM) -> Any:
         raise ValueError("allreduce needs a C-contiguous buffer (MPI reads flat memory)")
     if comm.Get_size() == 1:
         return buf
+    return on_mpi_memory(buf, lambda mem: comm.Allreduce(MPI.IN_PLACE, mem, op=op))
+
+
+def on_mpi_memory(buf: Any, fn: Callable[[Any], Any]) -> Any:
+    """Call ``fn(mem)`` on memory MPI can take that holds the numbers of ``buf`` (contiguous), and
+    return ``buf`` holding what ``fn`` left there: ``mem`` is ``buf`` itself (a host array; a device
+    array under CUDA-aware MPI, its stream synchronized first), else a page-locked host copy
+    (one copy down, one up, whatever MPI calls ``fn`` makes)."""
     if not backend.is_device_array(buf):
-        comm.Allreduce(MPI.IN_PLACE, buf, op=op)
+        fn(buf)
         return buf
     backend.synchronize(buf)
     if cuda_aware_mpi():
-        comm.Allreduce(MPI.IN_PLACE, buf, op=op)
+        fn(buf)
         return buf
     host = backend.empty_host_like(buf)
     backend.copy_to_host(buf, host)
-    comm.Allreduce(MPI.IN_PLACE, host, op=op)
+    fn(host)
     backend.copy_from_host(host, buf)
     return buf
 

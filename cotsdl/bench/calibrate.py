@@ -12,8 +12,9 @@ module measures every number of that model in one run:
 - ``overhead_s`` and ``overhead_by_op_s``: the median time of each operation called on
   tiny arrays (the checks, dispatch and thread-pool hand-off every call pays), and the
   least of them.
-- ``efficiency`` and ``efficiency_by_threads``: every pass of every stage of the demo
-  network (``jobs/configs/demo.toml``) timed with :mod:`cotsdl.ops` on all cores and on 1 core,
+- ``efficiency``, ``efficiency_by_threads`` and ``efficiency_by_size``: every pass of every stage
+  of the demo network (``jobs/configs/demo.toml``) at two sizes and of the paper's first stage on a
+  100x200x3 strip (``CASES``) timed with :mod:`cotsdl.ops` on all cores and on 1 core,
   one call of each in stage order a round (each finds in cache what the passes before it
   left, as in a step), the median over the rounds (a step sees typical times, not the best).
   Per op the efficiency is the one that makes the planner's model reproduce the
@@ -22,13 +23,18 @@ module measures every number of that model in one run:
   and of the memory bandwidth, as :func:`cotsdl.planner.machine.rank_share`), summed over
   the stages first (time-weighted), with FLOPs and minimum bytes from
   :mod:`cotsdl.ops.costs`.  For the filter passes the FLOP term is the larger, so this is
-  achieved FLOP/s / peak; for pool, LCN and the elementwise update (one Adam step of
-  :class:`cotsdl.train.optim.Adam` on the stage's weights: 7 words per weight, as the
-  planner counts an update with 2 slots) it is achieved bytes/s / bandwidth.  Small
+  achieved FLOP/s / peak; for pool, LCN and the elementwise update (one momentum step of
+  :class:`cotsdl.train.optim.SGD` on the stage's weights: 10 words per weight, every word its
+  numpy operations read and write, as the planner counts an update: ``planner.model.UPDATE_WORDS``)
+  it is achieved bytes/s / bandwidth.  Small
   passes scale poorly with threads, so the file keeps one set per thread count
   (``efficiency_by_threads``; the planner takes the one of a rank's thread count, cores /
-  ranks per node) and ``efficiency`` = the all-cores set; every case is printed and kept
-  under ``calibration``.
+  ranks per node) and ``efficiency`` = the all-cores set, of the demo; every case is printed and
+  kept under ``calibration``.  Large passes run from memory where the demo's run from cache, so
+  ``efficiency_by_size`` keeps every case with the bytes of its passes (per op, their geometric
+  mean weighted by time) and the planner interpolates an op's efficiency at its own bytes.
+- ``process_bytes``: rank 0's resident memory at the start, with what a training rank loads
+  (numpy, MPI, HDF5, scipy, the native kernels): the planner's memory model counts it per rank.
 - ``link`` and ``node_link`` (:mod:`cotsdl.bench.links`): an MPI ping-pong between rank 0 and
   another rank of its node over message sizes from 8 B to 4 MiB (per size the median of the
   rounds' medians), fitted to ``alpha + beta * bytes`` (least squares on the relative error,
@@ -77,6 +83,7 @@ from ..array.collective import raise_collectively, wait_idle
 from ..nn.network import Network
 from ..ops import costs
 from ..planner import load
+from ..planner.model import UPDATE_WORDS
 from ..array.grid import rank_nodes
 from .links import copy_times, fit_link  # noqa: F401 - tests and older callers reach them here
 from .links import measure as measure_links
@@ -90,14 +97,29 @@ DEMO_STAGES = [
     {"filter": {"size": [13, 13], "stride": [1, 1], "channels": 16},
      "pool": {"size": [1, 1], "stride": [1, 1], "eps": 0.01}, "lcn": {"size": 1, "sigma": 1.0, "eps": 0.001}},
 ]
-# (label, input (H, W, C), batch N): the demo network on colour 64x64 crops with N = 96, and as
-# demo.toml trains it (grey 32x32, N = 32; `bench scaling jobs/configs/demo.toml` times this one).  Both
-# are printed; the file's efficiencies come from the last case (see ``run``).
-CASES = [("64x64x3 N=96", (64, 64, 3), 96), ("32x32x1 N=32 (demo)", (32, 32, 1), 32)]
-QUICK_CASES = [("64x64x3 N=16 (quick)", (64, 64, 3), 16)]
+# The first stage of the paper's networks (jobs/configs/paper-*.toml; the sizes of the study differ in their
+# maps, not in this layer): 18x18 fields at stride 2, blocks of 4x4 units.
+PAPER_STAGES = [
+    {"filter": {"size": [18, 18], "stride": [2, 2], "block": [4, 4], "channels": 1},
+     "pool": {"size": [5, 5], "stride": [4, 4], "eps": 0.01}, "lcn": {"size": 5, "sigma": 1.0, "eps": 0.0001}},
+]
+# (label, stages, input (H, W, C), batch N): the demo network on colour 64x64 crops with N = 96; the paper's
+# first stage on a 100x200 strip of its 200x200x3 images, N = 96 (one of 2 ranks' share: 264 MB of weights,
+# far beyond any cache, where the demo's passes run from cache: the 185M-parameter network's steps took 1.3-2x
+# what the demo's efficiencies predicted); and the demo as demo.toml trains it (grey 32x32, N = 32; `bench
+# scaling jobs/configs/demo.toml` times this one).  All are printed and written by size
+# (``efficiency_by_size``: the planner takes an op's efficiency at its bytes); ``efficiency`` and
+# ``efficiency_by_threads`` come from the last case (see ``run``).
+CASES = [("64x64x3 N=96", DEMO_STAGES, (64, 64, 3), 96), ("paper 100x200x3 N=96", PAPER_STAGES, (100, 200, 3), 96),
+         ("32x32x1 N=32 (demo)", DEMO_STAGES, (32, 32, 1), 32)]
+QUICK_CASES = [("paper 64x64x3 N=32 (quick)", PAPER_STAGES, (64, 64, 3), 32),
+               ("64x64x3 N=16 (quick)", DEMO_STAGES, (64, 64, 3), 16)]
+
 OPS = ["filter_forward", "filter_backward_data", "filter_backward_weights", "pool_forward", "pool_backward",
        "lcn_forward", "lcn_backward", "elementwise"]
-ADAM_WORDS = 7  # Adam reads p, g, m, v and writes p, m, v
+#: The elementwise item: a momentum step (the paper's optimizer: one slot) of the stage's weights, counted
+#: as the planner counts an update, every word its numpy operations read and write
+MOMENTUM_WORDS = UPDATE_WORDS[1]
 
 
 def demo_network(input_shape) -> Network:
@@ -176,7 +198,7 @@ def in_step(fn: Callable[[Any], Any]) -> Callable[[], Any]:
 def stage_passes(net: Network, N: int, stages, rng) -> list[tuple[str, int, Callable[[], Any], costs.Cost]]:
     """(op, stage, callable, cost) of every timed pass of ``stages`` of ``net`` at batch ``N``, float32,
     each called as a training step calls it (:func:`in_step`)."""
-    from ..train.optim import Adam  # noqa: PLC0415
+    from ..train.optim import Momentum  # noqa: PLC0415
 
     out = []
     f32 = np.float32
@@ -195,8 +217,9 @@ def stage_passes(net: Network, N: int, stages, rng) -> list[tuple[str, int, Call
         z = rng.standard_normal(p.shape, dtype=f32)
         dz = rng.standard_normal(p.shape, dtype=f32)
         lc = costs.lcn(*p.shape, ll.size, 4)
-        adam, g = Adam(lr=0.01), rng.standard_normal(w.shape, dtype=f32) * f32(1e-3)
-        wa, dw = w.copy(), np.empty_like(w)
+        # the update runs on w and the gradient backward-weights writes (zeros until it does): no more
+        # weight-sized arrays than a step has (the paper case's are 264 MB)
+        mom, dw = Momentum(lr=1e-6), np.zeros_like(w)
         out += [
             ("filter_forward", k, in_step(lambda ws, x=x, w=w, fl=fl: ops.local_filter(
                 x, w, fl.stride, fl.block, workspace=ws)), fc["forward"]),
@@ -213,8 +236,8 @@ def stage_passes(net: Network, N: int, stages, rng) -> list[tuple[str, int, Call
              lc["forward"]),
             ("lcn_backward", k, in_step(lambda ws, dz=dz, z=z, ll=ll: ops.lcn_backward(
                 dz, z, ll.size, ll.sigma, ll.eps, workspace=ws)), lc["backward"]),
-            ("elementwise", k, lambda adam=adam, wa=wa, g=g: adam.step({"w": wa}, {"w": g}),
-             costs.Cost(15.0 * w.size, 4.0 * ADAM_WORDS * w.size)),
+            ("elementwise", k, lambda mom=mom, w=w, dw=dw: mom.step({"w": w}, {"w": dw}),
+             costs.Cost(4.0 * w.size, 4.0 * MOMENTUM_WORDS * w.size)),
         ]
     return out
 
@@ -231,6 +254,34 @@ def tiny_overhead(repeats: int) -> tuple[float, dict[str, float]]:
     t = interleaved_rounds(fns, rounds, calls=-(-max(20, 4 * repeats) // rounds))
     per = {name: robust(v)["value"] for name, v in t.items()}
     return float(min(per.values())), per
+
+
+def case_bytes(rows) -> dict[str, float]:
+    """Per op: the bytes of its passes in ``rows`` (a case's), their geometric mean weighted by time: the
+    size at which the case's efficiency of that op holds (``efficiency_by_size``)."""
+    out = {}
+    for op in OPS:
+        mine = [r for r in rows if r["op"] == op and r["bytes"] > 0]
+        t = sum(r["seconds"] for r in mine)
+        out[op] = float(math.exp(sum(r["seconds"] * math.log(r["bytes"]) for r in mine) / t))
+    return out
+
+
+def process_bytes() -> int | None:
+    """This process's resident bytes once it holds what a training rank loads before its first array
+    (numpy, MPI, HDF5, scipy, the trainer, the native kernels): the ``runtime`` of the planner's memory
+    model (``process_bytes`` of a machine file).  None without /proc."""
+    import h5py  # noqa: F401, PLC0415 - loaded for what it costs
+    import scipy.sparse  # noqa: F401, PLC0415
+    from ..io import reader  # noqa: F401, PLC0415
+    from ..train import trainer  # noqa: F401, PLC0415
+
+    ops.local_filter(np.ones((2, 2, 1, 8), np.float32), np.ones((1, 1, 1, 2, 2, 1), np.float32), (1, 1))
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 def efficiencies(rows, peak: float, bw: float, overhead: dict[str, float]) -> dict[str, float]:
@@ -328,8 +379,8 @@ def _measure_passes(threads: int, repeats: int, quick: bool, say,
     rows = []
     try:
         ops.set_num_threads(threads)
-        for ci, (label, inp, N) in enumerate(QUICK_CASES if quick else CASES):
-            net = demo_network(inp)
+        for ci, (label, desc, inp, N) in enumerate(QUICK_CASES if quick else CASES):
+            net = Network.from_description({"input": list(inp), "stages": desc})
             stages = [0] if quick else range(len(net.stages))
             passes = stage_passes(net, N, stages, np.random.default_rng(ci))
             fns = {i: fn for i, (_, _, fn, _) in enumerate(passes)}
@@ -392,6 +443,7 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
     job_pids, job_cpus = load.job_on_host(comm)  # (collective) the load of other processes is watched on rank 0
     before = load.snapshot(job_pids, job_cpus) if rank == 0 else None
     t_start = time.perf_counter()
+    own = process_bytes() if rank == 0 else None  # first: before this process holds any array
     say(f"cotsdl bench calibrate: {size} rank(s) on {len(set(hosts))} host(s), {ops.available_cores()} core(s) "
         f"on rank 0, repeats {repeats}{', quick' if quick else ''}; {MPI.Get_library_version().splitlines()[0].strip()}")
 
@@ -424,6 +476,11 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
                   for th in comp["thread_counts"]}
     clamped = sorted({op for th in comp["thread_counts"] for op in OPS if eff_by[(demo, th)][op] > 1})
     eff = by_threads[str(cores)]
+    # Every case by its size: the planner interpolates an op's efficiency at the op's bytes between them
+    by_size = [{"case": case, "bytes": case_bytes([r for r in all_rows if r["case"] == case
+                                                    and r["threads"] == comp["thread_counts"][0]]),
+                "by_threads": {str(th): {op: round(eff_by[(case, th)][op], 4) for op in OPS}  # above 1 too
+                               for th in comp["thread_counts"]}} for case in comp["cases"]]
     if rank == 0:
         say("")
         say(f"per-op times and efficiencies (model: max(flops/rate, bytes/bandwidth)/(t - overhead); rate = "
@@ -446,7 +503,11 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
         say(f"{'efficiency (time-weighted over stages)':40} " + " ".join(f"{c + ' ' + str(th) + 't':>20}" for c, th in cols))
         for op in OPS:
             say(f"{op:40} " + " ".join(f"{eff_by[k][op]:20.3f}" for k in cols))
-        say(f"written: the {demo} column(s), per thread count (efficiency_by_threads; efficiency = all cores)")
+        for c in by_size:
+            say(f"bytes per pass of {c['case']} (time-weighted): "
+                + ", ".join(f"{op} {c['bytes'][op] / 2**20:.3g} MiB" for op in OPS))
+        say(f"written: every case by its size (efficiency_by_size: an op's efficiency is interpolated at its "
+            f"bytes); the {demo} column(s) also as efficiency_by_threads (efficiency = all cores)")
         if clamped:
             say(f"(above 1, written as 1: {', '.join(clamped)} -- these passes beat the roofline of their minimum "
                 f"bytes, e.g. inputs that stay in cache)")
@@ -490,7 +551,8 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
     cases = ", ".join(comp["cases"])
     source = (f"cotsdl bench calibrate {args} (cotsdl {__version__}) on {size} rank(s), {stamp}, host "
               f"{','.join(sorted(set(hosts)))}; peak_flops = numpy sgemm on {cores} core(s), memory_bandwidth = "
-              f"threaded copy (read+write); efficiencies = demo network passes ({cases}) on threads "
+              f"threaded copy (read+write); efficiencies = passes of the demo network and the paper's first stage "
+              f"({cases}) on threads "
               f"{comp['thread_counts']} (medians over rounds of the passes in stage order; 1 thread with "
               f"{comp.get('busy_1thread', 1)} of {cores} cores busy), written: {demo} per thread count; link: {what}; "
               f"{_load_text(seen)}")
@@ -506,6 +568,10 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
         **({"node_link": node_link} if node_link else {}),
         # optional refinements the planner uses when present: a rank running t threads, each op's call cost
         "efficiency_by_threads": by_threads,
+        # every case at its size (bytes per pass): the planner takes an op's efficiency at the op's bytes
+        "efficiency_by_size": by_size,
+        # a rank's own memory before its first array (the planner's memory model: runtime)
+        **({"process_bytes": int(own)} if own else {}),
         "overhead_by_op_s": {op: float(v) for op, v in comp["tiny"].items()},
         # the load the numbers were measured under: the planner warns when the load now differs
         "load": seen,

@@ -22,6 +22,13 @@ backward) on the filter's output, by the minimum bytes of :mod:`cotsdl.ops.costs
   the JSON gives its fraction of the measured cuBLAS sgemm too.
 - ``--backend cuda-emu``: one tiny shape through the emulated kernels (it proves the
   path; the numbers mean nothing).
+
+``--shapes P-185m`` (numpy, not a default: a minute and about 3 GB) is the first layer of
+``jobs/configs/paper-185m.toml`` as one rank trains it: 200x200x3, blocks of 4x4x1, N = 96.
+``--machine FILE|PRESET`` sets the run planner's prediction for that machine beside every pass
+(:func:`cotsdl.planner.machine.op_seconds` for a rank running this run's threads; ``train_step``:
+the sum of the step's passes), and the measured time over it: what ``cotsdl plan`` assumes of
+each pass, next to what it takes here.
 """
 from __future__ import annotations
 
@@ -62,6 +69,9 @@ class Shape:
 PAPER = Shape("paper", 200, 3, 18, 2, 8, 96, (4, 4))
 #: The paper's layer on a CPU-sized input: 96x96x3, 18x18 fields, stride 2, 4x4 blocks of 8 units
 CPU_PAPER = Shape("P-paper", 96, 3, 18, 2, 8, 32, (4, 4))
+#: The first layer of jobs/configs/paper-185m.toml on one rank: 200x200x3, 18x18 fields, stride 2, 4x4 blocks of
+#: one unit, N = 96 (528 MB of weights; on request only, --shapes P-185m)
+CPU_PAPER_185M = Shape("P-185m", 200, 3, 18, 2, 1, 96, (4, 4))
 TINY = Shape("emu-tiny", 12, 2, 4, 2, 4, 8, (1, 2))
 SHAPES = [
     Shape("A", 32, 8, 8, 4, 16, 64),
@@ -70,6 +80,30 @@ SHAPES = [
     Shape("D-blocks", 48, 3, 12, 4, 8, 64, (2, 2)),
 ]
 NUMPY_SHAPES = SHAPES + [CPU_PAPER]
+#: Shapes --shapes may name beyond the default ones, by backend
+EXTRA_SHAPES = {"numpy": [CPU_PAPER_185M]}
+#: The planner's op of each timed pass (planner.machine.EFFICIENCY_KEYS)
+PLANNED = {"filter_forward": "filter_forward", "filter_bwd_data": "filter_backward_data",
+           "filter_bwd_weights": "filter_backward_weights", "pool_forward": "pool_forward",
+           "pool_backward": "pool_backward", "lcn_forward": "lcn_forward", "lcn_backward": "lcn_backward"}
+#: Weights above this many bytes: no matmul-alone column (its gathered operands would be gigabytes)
+ALONE_MAX_WEIGHT_BYTES = 256 << 20
+
+
+def predicted(machine: dict[str, Any], name: str, cost: costs.Cost, fc: dict[str, costs.Cost],
+              pc: dict[str, costs.Cost]) -> float:
+    """The planner's time of pass ``name`` (or of ``train_step``: two forwards, backward-data, backward-weights
+    over both pairs of a tied autoencoder, pooling both ways) on ``machine`` for a rank running this
+    process's threads."""
+    from ..planner.machine import op_seconds, rank_share  # noqa: PLC0415
+
+    share = rank_share(machine, max(1, machine["device"]["cores"] // max(1, ops.num_threads())))
+    one = lambda op, c, pairs=1: op_seconds(machine, share, op, c.flops * pairs, c.bytes * pairs)  # noqa: E731
+    if name == "train_step":
+        return (2 * one("filter_forward", fc["forward"]) + one("filter_backward_data", fc["backward_data"])
+                + one("filter_backward_weights", fc["backward_weights"], 2) + one("pool_forward", pc["forward"])
+                + one("pool_backward", pc["backward"]))
+    return one(PLANNED[name], cost)
 
 
 def _kept(result: Any) -> Any:
@@ -170,21 +204,24 @@ def _best_peer(peers: dict[str, dict[str, Any]]) -> tuple[str, float] | None:
 
 
 def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: float = 0.2,
-        backend_name: str = "numpy", peer: bool = False, shapes: list[Shape] | None = None) -> dict[str, Any]:
+        backend_name: str = "numpy", peer: bool = False, shapes: list[Shape] | None = None,
+        machine: dict[str, Any] | None = None) -> dict[str, Any]:
     """Measure every shape (``shapes``, default the backend's list); print a table; return the numbers.
 
     On the numpy backend each filter pass is also compared with its batched products alone
     (:func:`matmul_alone`).  ``peer``: also run the PyTorch (eager, compiled) and JAX
     formulations that import, each checked first to compute our function on the shape, and
     timed interleaved with ours; ``ratio`` = peer time / our time (> 1: ours faster), and
-    ``best_peer`` the fastest of them.
+    ``best_peer`` the fastest of them.  ``machine`` (a loaded machine): the run planner's time of each
+    pass on it beside ours (``predicted_seconds``, ``predicted_over_measured``).
     """
     dtype = np.dtype(dtype)
     item = dtype.itemsize
     say = lambda *a: print(*a, file=log, flush=True)  # noqa: E731
     xp, sync, dev = np, _no_sync, None
     default_shapes = {"cuda": SHAPES + [PAPER], "cuda-emu": [TINY]}.get(backend_name, NUMPY_SHAPES)
-    shapes = default_shapes if shapes is None else [_shape(s, default_shapes) for s in shapes]
+    known = default_shapes + EXTRA_SHAPES.get(backend_name, [])
+    shapes = default_shapes if shapes is None else [_shape(s, known) for s in shapes]
     if backend_name == "cuda":
         cupy = backend.cupy_module()
         xp, sync = cupy, cupy.cuda.get_current_stream().synchronize
@@ -208,7 +245,8 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
     alone = backend_name in ("numpy", "cuda")  # the batched products alone beside each filter pass
     out: dict[str, Any] = {"benchmark": "layers", "backend": backend_name, "dtype": dtype.name,
                            "threads": ops.num_threads(), "sgemm_2048_GFLOPs": None if dev else ceiling,
-                           "device": dev, "peers": peers if peer else None, "interleaved": True, "results": []}
+                           "device": dev, "peers": peers if peer else None, "interleaved": True, "results": [],
+                           "machine": None if machine is None else machine["name"]}
     if dev:
         say(f"cotsdl bench layers: cuda, {dev['name']}, {dtype.name}; fp32 peak {dev['fp32_peak_GFLOPs'] / 1e3:.1f} "
             f"TFLOP/s, memory {dev['memory_GBps']:.0f} GB/s (device properties); cuBLAS sgemm 8192^3 "
@@ -218,12 +256,16 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
             f"sgemm 2048^3 ceiling {ceiling:.1f} GFLOP/s (same run)")
     peer_head = "".join(f" {'/' + p:>14}" for p in peers) + (f" {'best peer':>20}" if peers else "")
     say(f"{'shape':9} {'op':18} {'ms':>9} {'GFLOP/s':>9} {'of sgemm' if dev is None else 'of peak':>9} "
-        + (f"{'matmul':>7} {'of mm':>6} " if alone else "") + f"{'GB/s':>8}" + peer_head)
+        + (f"{'matmul':>7} {'of mm':>6} " if alone else "") + f"{'GB/s':>8}"
+        + (f" {'pred ms':>9} {'pred/meas':>9}" if machine else "") + peer_head)
     if alone:
         say(f"{'':48}(matmul: the batched products alone, same operands"
             + (" and threads, as a fraction of sgemm;" if dev is None else
                ", one cuBLAS strided-batched call, as a fraction of peak;"))
         say(f"{'':48} of mm: their time / ours)")
+    if machine:
+        say(f"{'':48}(pred: cotsdl plan's time of the pass on machine {machine['name']}, a rank of "
+            f"{ops.num_threads()} thread(s))")
     if peers:
         say(f"{'':48}(peer time / ours, peer ms: ratio > 1 means ours is faster; '≠': disagrees, not timed)")
     fkey = "fraction_of_sgemm" if dev is None else "fraction_of_peak"
@@ -277,7 +319,7 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
                                {name: _kept(fn()) for name, (fn, _) in runs.items()}) if peers else {}
         for name, (fn, cost) in runs.items():
             contestants: dict[str, Callable[[], Any]] = {"ours": fn}
-            if alone and name.startswith("filter"):
+            if alone and name.startswith("filter") and w.nbytes <= ALONE_MAX_WEIGHT_BYTES:
                 contestants["matmul"] = matmul_alone(name, x, w, dy, sh)
             recs = {pname: rec for pname, (rec, _) in found.get(name, {}).items()}
             contestants.update({pname: call for pname, (_, call) in found.get(name, {}).items() if call is not None})
@@ -295,6 +337,11 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
                     rec["fraction_of_matmul_alone"] = times["matmul"] / t
             elif dev is not None:
                 rec["fraction_of_bandwidth"] = rec["GBps"] / dev["memory_GBps"]
+            pred = ""
+            if machine is not None:
+                rec["predicted_seconds"] = predicted(machine, name, cost, fc, pc)
+                rec["predicted_over_measured"] = rec["predicted_seconds"] / t
+                pred = f" {rec['predicted_seconds'] * 1e3:9.3f} {rec['predicted_over_measured']:9.2f}"
             cells = []
             if peers:
                 for pname, pr in recs.items():
@@ -315,7 +362,7 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
                 mm = (f"{rec[f'matmul_alone_{fkey}']:7.2f} {rec['fraction_of_matmul_alone']:6.2f} "
                       if "matmul_alone_seconds" in rec else f"{'':7} {'':6} ")
             gbs = f"{rec['GBps']:8.2f}" if not name.startswith(("filter", "train")) else f"{'':8}"
-            say(f"{sh.name:9} {name:18} {t * 1e3:9.3f} {rec['GFLOPs']:9.1f} {frac} {mm}{gbs}" + "".join(cells))
+            say(f"{sh.name:9} {name:18} {t * 1e3:9.3f} {rec['GFLOPs']:9.1f} {frac} {mm}{gbs}{pred}" + "".join(cells))
             row["ops"][name] = rec
         out["results"].append(row)
     for row in out["results"]:

@@ -7,6 +7,8 @@ point is here too (the command line is the only reader of config files).
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
+from pathlib import Path
 
 from ..backend import BACKENDS
 
@@ -36,7 +38,11 @@ def add_parser(sub) -> None:
     la.add_argument("--threads", type=int, help="threads of the numpy backend (default: all cores)")
     la.add_argument("--min-time", type=float, default=0.2, help="seconds of repeats per operation at least (default 0.2)")
     la.add_argument("--shapes", metavar="NAMES", help="comma-separated shape names (default: all of the backend's, "
-                    "e.g. A,B,C,D-blocks,P-paper for numpy)")
+                    "e.g. A,B,C,D-blocks,P-paper for numpy; also P-185m: the 185M-parameter paper network's first "
+                    "layer on one rank, about a minute and 3 GB)")
+    la.add_argument("--machine", metavar="FILE|PRESET",
+                    help="also the run planner's time of every pass on this machine (a calibration file, e.g. "
+                         "machine.json from `cotsdl bench calibrate`, or a preset), for a rank of this run's threads")
     la.add_argument("--peer", action="store_true",
                     help="also time the PyTorch (eager and compiled) and JAX formulations when importable, after "
                          "checking they compute the same function, and print speed ratios")
@@ -61,6 +67,33 @@ def add_parser(sub) -> None:
                                                              "\"auto\" decides with it (default: ./machine.json "
                                                              "if there is one, as cotsdl train)")
     sc.add_argument("--json", metavar="FILE", help="write the results as JSON (rank 0)")
+    rd = bsub.add_parser("reduction", help="the replicas' gradient sum, flat vs two-level (parallel.reduction), "
+                                           "alternating in one run (run under mpiexec -n P, P ranks on nodes)")
+    rd.add_argument("--replicas", type=int, nargs="+", metavar="R",
+                    help="replica counts, each splitting the ranks as training does (default: every divisor >= 2)")
+    rd.add_argument("--mb", type=float, nargs="+", default=[], metavar="MB",
+                    help="gradient sizes per rank in MB (10^6 bytes); default 1 and 16 without --config")
+    rd.add_argument("--config", nargs="+", default=[], metavar="CONFIG",
+                    help="also each stage's gradient per rank of these training configs, on the split")
+    rd.add_argument("--stages", type=int, nargs="+", metavar="K", help="the configs' stages (default: all)")
+    rd.add_argument("--rounds", type=int, default=8, help="rounds, flat and two-level alternating (default 8)")
+    rd.add_argument("--calls", type=int, default=3, help="timed calls of each per round (default 3)")
+    rd.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    rd.add_argument("--json", metavar="FILE", help="write the results as JSON (rank 0)")
+    rr = bsub.add_parser("reader", help="the HDF5 reader's images/s per rank alone, and whether training steps "
+                                        "wait for it, prefetch on and off (under mpiexec -n P)")
+    rr.add_argument("config", help="a training config (TOML): its data, network, batch and parallel split")
+    rr.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                    help="override a config key (e.g. data.file=..., run.backend=numpy)")
+    rr.add_argument("--grid-ranks", type=int, metavar="Q",
+                    help="the reader alone reads the windows of a Q-rank grid, world ranks 0..Q-1 at once "
+                         "(default: the world's size)")
+    rr.add_argument("--batches", type=int, default=6, help="minibatches read alone per rank (default 6)")
+    rr.add_argument("--steps", type=int, default=0,
+                    help="also this many training steps per stage and setting (prefetch on, off; default 0: none)")
+    rr.add_argument("--rounds", type=int, default=2, help="rounds of the steps, the settings alternating (default 2)")
+    rr.add_argument("--stages", type=int, nargs="+", metavar="K", help="stages whose steps are timed (default: all)")
+    rr.add_argument("--json", metavar="FILE", help="write the results as JSON (rank 0)")
     ca = bsub.add_parser("calibrate", help="measure this machine (link latency and bandwidth, exchange, layer "
                                            "passes) and write the machine file `cotsdl plan` reads "
                                            "(run under mpiexec -n 2)")
@@ -71,7 +104,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     return {"exchange": _exchange, "emulator": _emulator, "layers": _layers, "scaling": _scaling,
-            "calibrate": _calibrate}[args.bench](args)
+            "calibrate": _calibrate, "reduction": _reduction, "reader": _reader}[args.bench](args)
 
 
 def _exchange(args) -> int:
@@ -106,8 +139,13 @@ def _layers(args) -> int:
     if args.threads is not None:
         ops.set_num_threads(args.threads)
     backend.use(args.backend)
+    machine = None
+    if args.machine:
+        from ..planner import load_machine  # noqa: PLC0415
+
+        machine = load_machine(args.machine)
     res = layers.run(args.repeats, np.dtype(args.dtype), min_time=args.min_time, backend_name=args.backend,
-                     peer=args.peer, shapes=args.shapes.split(",") if args.shapes else None)
+                     peer=args.peer, shapes=args.shapes.split(",") if args.shapes else None, machine=machine)
     if args.json:
         common.write_json(args.json, res)
         print(f"wrote {args.json}")
@@ -222,6 +260,79 @@ def _load_warning(comm, machine_arg: str | None) -> str | None:
             print(warning, flush=True)
     wait_idle(comm)  # the others sleep: polling in a blocking call would take the cores rank 0 measures
     return comm.bcast(warning, root=0)
+
+
+def _reduction(args) -> int:
+    import numpy as np  # noqa: PLC0415
+    from mpi4py import MPI  # noqa: PLC0415
+
+    from ..array.collective import agree, raise_collectively  # noqa: PLC0415
+    from ..bench import common, reduction  # noqa: PLC0415
+    from . import run as run_spec  # noqa: PLC0415
+
+    comm = MPI.COMM_WORLD  # the program's world: the library itself always takes a communicator
+    agree(comm, replicas=args.replicas, mb=args.mb, config=args.config, stages=args.stages, rounds=args.rounds,
+          calls=args.calls, dtype=args.dtype, json=args.json)
+    size = comm.Get_size()
+    err = common.check_output_path(args.json) if comm.Get_rank() == 0 else None
+    if err is None and any(not mb > 0 for mb in args.mb):
+        err = f"--mb must be positive, got {args.mb}"
+    raise_collectively(comm, err)
+    itemsize = np.dtype(args.dtype).itemsize
+    sizes: list = [(f"{mb:g} MB", int(mb * 1e6)) for mb in (args.mb or ([] if args.config else [1, 16]))]
+    for path in args.config:
+        spec = run_spec.read_agreed(comm, path)
+        stages = args.stages if args.stages is not None else range(len(spec.network.stages))
+        bad = [k for k in stages if not 0 <= k < len(spec.network.stages)]
+        raise_collectively(comm, f"--stages {bad}: {path} has {len(spec.network.stages)} stage(s)" if bad else None)
+        for k in stages:
+            sizes.append((f"{Path(path).stem} stage {k}",
+                          lambda group, index, net=spec.network, k=k, tied=spec.train.tied:
+                          reduction.gradient_bytes(net, k, group, index, itemsize, tied)))
+    replicas = args.replicas or [r for r in range(2, size + 1) if size % r == 0] or [1]
+    res = reduction.run(comm, replicas, sizes, rounds=args.rounds, calls=args.calls, dtype=np.dtype(args.dtype))
+    res["configs"] = list(args.config)
+    if args.json and comm.Get_rank() == 0:
+        common.write_json(args.json, res)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _reader(args) -> int:
+    from mpi4py import MPI  # noqa: PLC0415
+
+    from ..array.collective import agree, raise_collectively  # noqa: PLC0415
+    from ..bench import common, reader  # noqa: PLC0415
+    from . import run as run_spec  # noqa: PLC0415
+    from .train import open_dataset, setup_backend  # noqa: PLC0415
+
+    comm = MPI.COMM_WORLD  # the program's world: the library itself always takes a communicator
+    agree(comm, config=args.config, set=args.set, grid_ranks=args.grid_ranks, batches=args.batches,
+          steps=args.steps, rounds=args.rounds, stages=args.stages, json=args.json)
+    spec = run_spec.read_agreed(comm, args.config, args.set)
+    err = common.check_output_path(args.json) if comm.Get_rank() == 0 else None
+    if err is None and args.steps:
+        err = spec.parallel.error(comm.Get_size(), spec.source)
+    raise_collectively(comm, err)
+    setup_backend(spec, comm)
+    dc, pc, tc = spec.data, spec.parallel, spec.train
+    q = args.grid_ranks or comm.Get_size()
+    dims = pc.grid if pc.grid is not None and pc.grid[0] * pc.grid[1] == q else None
+
+    def source(prefetch: bool):  # as cotsdl train opens it (one collective verdict)
+        return open_dataset(comm, "data.file", dc.file, spec.network.input_shape, dc.batch,
+                            replace(dc, prefetch=prefetch))
+
+    res = reader.run(comm, spec.network, source, dc.batch, grid_ranks=q, dims=dims, batches=args.batches,
+                     steps=args.steps, rounds=args.rounds, stages=args.stages, make_optimizer=tc.make_optimizer,
+                     replicas=pc.replicas, grid=pc.grid,
+                     kw=dict(lam=tc.lam, tied=tc.tied, seed=tc.seed, dtype=tc.dtype, filter_norm=tc.filter_norm,
+                             overlap=pc.overlap, reduction=pc.reduction))
+    res["config"], res["set"] = str(args.config), list(args.set)
+    if args.json and comm.Get_rank() == 0:
+        common.write_json(args.json, res)
+        print(f"wrote {args.json}")
+    return 0
 
 
 def _calibrate(args) -> int:

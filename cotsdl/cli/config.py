@@ -21,6 +21,7 @@ from typing import Any, Callable
 from ..backend import BACKENDS
 from ..checks import REQUIRED, Param
 from ..io.reader import STD_FLOOR
+from ..planner.reduction import REDUCTIONS
 from ..train import optim, schedules
 
 
@@ -160,7 +161,9 @@ SCHEMA: dict[str, Any] = {
                  "grid": Key(either(choice("auto"), ints(2)), "auto", "[Py, Px] per model group"),
                  "overlap": Key(either(choice("auto"), boolean), "auto",
                                 "compute interiors while halos travel (same results); \"auto\": where the run "
-                                "planner predicts a gain (cotsdl.planner.overlap)")},
+                                "planner predicts a gain (cotsdl.planner.overlap)"),
+                 "reduction": Key(choice(*REDUCTIONS), "auto", "how replicas sum their gradients: " + "; ".join(
+                     f"{k}: {v}" for k, v in REDUCTIONS.items()))},
     "train": {"steps": Key(per_stage(integer(0), "an integer >= 0"), None, "steps per stage (or epochs)"),
               "epochs": Key(per_stage(number(0), "a number >= 0"), None, "passes over the data per stage"),
               "lam": Key(number(0), 0.1, "weight of the sparsity term"),
@@ -316,12 +319,21 @@ def apply_override(data: dict[str, Any], assignment: str) -> Any:
     return value
 
 
+#: The UTF-8 byte-order mark: refused at the start of a config, by name (TOML has no place for it).
+BOM = b"\xef\xbb\xbf"
+
+
 def load(path: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
     """Read, override and validate a config file."""
     p = Path(path)
     try:
         with open(p, "rb") as f:
-            data = tomllib.load(f)
+            raw = f.read()
+        if raw.startswith(BOM):  # tomllib would say "Invalid statement (at line 1, column 1)": name it
+            raise ConfigError(f"config {p}: starts with a UTF-8 byte-order mark (the invisible bytes EF BB BF that "
+                              "some editors write first); TOML does not allow one: save the file as UTF-8 without "
+                              "a BOM")
+        data = tomllib.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config {p}: no such file") from None
     except OSError as e:

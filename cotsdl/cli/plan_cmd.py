@@ -140,6 +140,11 @@ def _overlap_text(ov: dict[str, Any]) -> str:
     return f"{'on' if ov['on'] else 'off'} ({'auto: ' if ov['setting'] == 'auto' else ''}{ov['reason']})"
 
 
+#: The memory line's categories, in order (``planner.model.memory``; those that are 0 are left out).
+MEMORY_CATEGORIES = ("weights", "gradients", "optimizer", "activations", "buffers", "temporaries", "reader",
+                     "diagnostics", "runtime")
+
+
 def _mib(b: float) -> str:
     return f"{b / 2**20:,.1f}"
 
@@ -158,7 +163,8 @@ def _single(args, machine) -> dict[str, Any]:
     stages = _stages(args, net)
     ov = _overlap(args, spec, net, batch, ranks, grid, reps, machine, stages, kw)
     kw["overlap"] = ov["on"]
-    preds = [predict_step(net, batch, ranks, grid, reps, machine, stage=k, **kw) for k in stages]
+    preds = [predict_step(net, batch, ranks, grid, reps, machine, stage=k, reduction=spec.parallel.reduction, **kw)
+             for k in stages]
     p0 = preds[0]
     print(f"plan: {path}: {net!r}")
     print(f"  {ranks} rank(s) = {reps} replica(s) x grid {p0['grid'][0]}x{p0['grid'][1]}; batch {batch} per replica; "
@@ -193,9 +199,8 @@ def _single(args, machine) -> dict[str, Any]:
               f"{p['flops_per_rank_max'] / 1e9:.2f} GFLOP and {p['halo_bytes_per_rank_max'] / 2**20:.2f} MiB of halo "
               f"per rank")
         print(f"  memory {mem['total'] / 2**30:.3f} GiB of {p['device_memory_bytes'] / 2**30:.2f} GiB per rank "
-              f"(weights {mem['weights'] / 2**30:.3f}, gradients {mem['gradients'] / 2**30:.3f}, optimizer "
-              f"{mem['optimizer'] / 2**30:.3f}, activations {mem['activations'] / 2**30:.3f}, buffers "
-              f"{mem['buffers'] / 2**30:.3f})" + ("" if p["fits"] else "  DOES NOT FIT"))
+              f"({', '.join(f'{k} {mem[k] / 2**30:.3f}' for k in MEMORY_CATEGORIES if k in mem and mem[k])})"
+              + ("" if p["fits"] else "  DOES NOT FIT"))
     sugg = suggest(net, batch, ranks, machine, replicas=args.replicas, stages=stages, **kw)
     print(f"\n  splits of {ranks} rank(s), best first (time of one step of each stage, summed):")
     for c in sugg[:6]:

@@ -36,12 +36,14 @@ class DataSpec:
 
 @dataclass(frozen=True)
 class ParallelSpec:
-    """``[parallel]``: replicas x model grid (None: chosen for the image), and overlap (True, False or
-    "auto": decided by the run planner, :func:`cotsdl.planner.overlap.choose_overlap`)."""
+    """``[parallel]``: replicas x model grid (None: chosen for the image), overlap (True, False or
+    "auto": decided by the run planner, :func:`cotsdl.planner.overlap.choose_overlap`) and the
+    replicas' gradient reduction (:data:`cotsdl.train.allreduce.REDUCTIONS`)."""
 
     replicas: int
     grid: tuple[int, int] | None
     overlap: bool | str
+    reduction: str = "auto"
 
     def error(self, ranks: int, source: str) -> str | None:
         """Why this layout does not fit ``ranks`` ranks (None: it does)."""
@@ -132,7 +134,8 @@ def from_config(cfg: dict[str, Any], source: str) -> RunSpec:
         train.make_optimizer()
     except ValueError as e:
         raise cfgmod.ConfigError(f"{source}: train.optimizer / train.schedule: {e}") from None
-    parallel = ParallelSpec(pc["replicas"], None if pc["grid"] == "auto" else tuple(pc["grid"]), pc["overlap"])
+    parallel = ParallelSpec(pc["replicas"], None if pc["grid"] == "auto" else tuple(pc["grid"]), pc["overlap"],
+                            pc["reduction"])
     return RunSpec(str(source), cfg, network, data, train, parallel, Path(rc["folder"]), rc["backend"], rc["threads"])
 
 

@@ -249,7 +249,7 @@ def _train(spec: RunSpec, data, meta, backend_name, guard, comm, t_start, lock=N
 
     common = dict(checkpoint_every=tc.checkpoint_every, keep=tc.keep, log_every=tc.log_every,
                   metrics_file=str(folder / "metrics.jsonl"), max_bad_steps=tc.max_bad_steps, log=log,
-                  should_stop=should_stop, overlap=pc.overlap)
+                  should_stop=should_stop, overlap=pc.overlap, reduction=pc.reduction)
     status = 1
     try:
         status = _train_on(spec, data, meta, backend_name, guard, comm, t_start, log, say, common, steps, old)
@@ -297,7 +297,8 @@ def _train_on(spec, data, meta, backend_name, guard, comm, t_start, log, say, co
                                       changes_from="config", **common)
         say(f"grid {tr.decomposition.grid.dims[0]}x{tr.decomposition.grid.dims[1]} x {tr.replicas} replica(s); "
             f"overlap {'on' if tr.plan.overlap else 'off'} "
-            + (f"(auto: {tr.overlap_reason})" if tr.overlap_reason else "(set in the config)"))
+            + (f"(auto: {tr.overlap_reason})" if tr.overlap_reason else "(set in the config)")
+            + (f"; gradient reduction {tr.reduction_reason}" if tr.replicas > 1 else ""))
         tr.train(steps)
     except TrainingInterrupted as e:
         sig = comm.allreduce(guard.received or 0, op=MPI.MAX)

@@ -4,7 +4,7 @@ Every measure is given by its calls: for each split, which images its rule
 (chosen on the selection half) calls faces.  All of them are scored on the same
 group resamples (:class:`.bootstrap.GroupBootstrap`), so every difference is paired.
 This module turns them into the machine-readable parts of ``report.json``
-(``comparisons``, ``intervals``, ``per_kind``, ``probes``); see README.
+(``comparisons``, ``intervals``, ``per_kind``, ``probes``); see cotsdl/evaluate/README.md.
 """
 from __future__ import annotations
 

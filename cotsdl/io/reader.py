@@ -177,30 +177,44 @@ class HDF5Source:
         idx = self.indices(first, count)
         # HDF5 wants increasing, unique indices; a batch across an epoch boundary may repeat one.
         uniq, inverse = np.unique(idx, return_inverse=True)
-        (r0, c0, k0), (r1, c1, k1) = window.lo[:3], window.hi[:3]
         try:
-            if self._images.ndim == 3:
-                raw = self._images[uniq, r0:r1, c0:c1][..., None]
-            else:
-                raw = self._images[uniq, r0:r1, c0:c1, k0:k1]
+            raw = self._read_rows(uniq, window)
         except OSError as e:
             raise DatasetError(f"dataset {self.path}: cannot read images {idx.min()}..{idx.max()} "
                                f"(truncated or corrupt?): {e}") from None
-        x = raw[inverse].astype(np.float32)
+        # (h, w, c, N) at once: the transpose moves the stored bytes, not 4-byte floats; each element
+        # then gets the same float32 operations in the same order as before (the same bits)
+        x = np.empty(raw.shape[1:] + (len(idx),), np.float32)
+        np.copyto(x, raw.transpose(1, 2, 3, 0)[..., inverse], casting="unsafe")
         if self._scale != 1.0:
             x *= np.float32(self._scale)
         else:
             self._check_finite(x, idx, "has NaN or Inf pixels")
         if self._mean is not None:
-            x -= self._mean[idx].astype(np.float32)[:, None, None, None]
+            x -= self._mean[idx].astype(np.float32)
         if self._std is not None:
-            x /= np.maximum(self._std[idx], self.std_floor).astype(np.float32)[:, None, None, None]
+            x /= np.maximum(self._std[idx], self.std_floor).astype(np.float32)
         if self._mean is not None:
             self._check_finite(x, idx, "has non-finite statistics (image_mean/image_std)")
-        return np.ascontiguousarray(x.transpose(1, 2, 3, 0))
+        return x
+
+    def _read_rows(self, uniq: np.ndarray, window: Box) -> np.ndarray:
+        """(len(uniq), h, w, c) as stored: the ``window`` of the images ``uniq`` (increasing), one
+        hyperslab per run of consecutive indices (h5py's selection by a list of indices took 30x as
+        long: 0.49 s against 0.017 s for 96 windows of 100x200x3; cotsdl/bench/README.md, "`cotsdl bench
+        reader`")."""
+        (r0, c0, k0), (r1, c1, k1) = window.lo[:3], window.hi[:3]
+        gray = self._images.ndim == 3
+        out = np.empty((len(uniq), r1 - r0, c1 - c0) + (() if gray else (k1 - k0,)), self._images.dtype)
+        cuts = np.flatnonzero(np.diff(uniq) != 1) + 1
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(uniq)]):
+            a, b = int(uniq[lo]), int(uniq[lo]) + int(hi - lo)
+            src = np.s_[a:b, r0:r1, c0:c1] if gray else np.s_[a:b, r0:r1, c0:c1, k0:k1]
+            self._images.read_direct(out, src, np.s_[int(lo):int(hi)])
+        return out[..., None] if gray else out
 
     def _check_finite(self, x: np.ndarray, idx: np.ndarray, what: str) -> None:
-        ok = np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+        ok = np.isfinite(x.reshape(-1, x.shape[-1])).all(axis=0)  # per image (the last axis)
         if not ok.all():
             bad = idx[~ok]
             more = f" (and {len(bad) - 1} more in this minibatch)" if len(bad) > 1 else ""

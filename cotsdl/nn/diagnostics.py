@@ -88,21 +88,41 @@ def gabor_fraction(w: np.ndarray, threshold: float = 0.5, sample: int = 256, see
     return _summary(*_fit(w, idx), threshold)
 
 
-def _rows(w: np.ndarray) -> np.ndarray:
-    """One float64 row per unit, (SH, SW, M, rh*rw*C), a fresh C-contiguous copy."""
-    return np.ascontiguousarray(w.reshape(w.shape[:3] + (int(np.prod(w.shape[3:])),)), dtype=np.float64)
+#: float64 bytes of the units' rows converted at a time: a copy of all of them was 2x the layer's
+#: float32 weights, and the cosines held three (1.5 GiB per rank for the 185M-parameter paper network
+#: on 2 ranks: the peak of the whole run, at every log line).
+PIECE_BYTES = 8 << 20
+
+
+def _pieces(w: np.ndarray) -> tuple[np.ndarray, list[slice]]:
+    """w as one row per unit, (SH*SW*M, rh*rw*C) (a view of a contiguous w), and runs of whole rows
+    of about :data:`PIECE_BYTES` in float64."""
+    rows = w.reshape(-1, int(np.prod(w.shape[3:])))
+    step = max(1, PIECE_BYTES // (8 * rows.shape[1]))
+    return rows, [slice(i, i + step) for i in range(0, rows.shape[0], step)]
+
+
+def _rows(rows: np.ndarray) -> np.ndarray:
+    """Rows as a fresh C-contiguous float64 copy."""
+    return np.ascontiguousarray(rows, dtype=np.float64)
 
 
 def _dots(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     # A row-wise reduce sums each row the same way wherever it sits (numpy's pairwise sum
-    # depends on the row length only), so a unit's value does not depend on the grid split.
+    # depends on the row length only), so a unit's value does not depend on the grid split
+    # or on the piece it is computed in.
     return (a * b).sum(axis=-1)
 
 
 def unit_norms(w: np.ndarray) -> np.ndarray:
     """Every unit's filter norm (over rh, rw, C): shape (SH, SW, M), float64."""
-    a = _rows(_weights("w", w))
-    return np.sqrt(_dots(a, a))
+    w = _weights("w", w)
+    rows, pieces = _pieces(w)
+    out = np.empty(rows.shape[0])
+    for s in pieces:  # float64 a piece at a time: no weight-sized copies
+        a = _rows(rows[s])
+        out[s] = np.sqrt(_dots(a, a))
+    return out.reshape(w.shape[:3])
 
 
 def cosines(w: np.ndarray, w0: np.ndarray) -> np.ndarray:
@@ -113,10 +133,15 @@ def cosines(w: np.ndarray, w0: np.ndarray) -> np.ndarray:
     w, w0 = _weights("w", w), _weights("w0", w0)
     if w.shape != w0.shape:
         raise ValueError(f"w0 must have w's shape {w.shape}, got {w0.shape}")
-    a, b = _rows(w), _rows(w0)
-    den = np.sqrt(_dots(a, a)) * np.sqrt(_dots(b, b))
-    out = np.divide(_dots(a, b), den, out=np.zeros(den.shape), where=den > 0)
-    return np.clip(out, -1.0, 1.0)  # rounding can leave |cos| a hair above 1
+    rows, pieces = _pieces(w)
+    rows0 = w0.reshape(rows.shape)
+    dot, den = np.empty(rows.shape[0]), np.empty(rows.shape[0])
+    for s in pieces:  # float64 a piece at a time: no weight-sized copies
+        a, b = _rows(rows[s]), _rows(rows0[s])
+        den[s] = np.sqrt(_dots(a, a)) * np.sqrt(_dots(b, b))
+        dot[s] = _dots(a, b)
+    out = np.divide(dot, den, out=np.zeros(den.shape), where=den > 0)
+    return np.clip(out, -1.0, 1.0).reshape(w.shape[:3])  # rounding can leave |cos| a hair above 1
 
 
 def silent_units(h: np.ndarray, rel: float = 0.05) -> np.ndarray:

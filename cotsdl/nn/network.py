@@ -170,6 +170,28 @@ def unit_gain_norm(layer: LocalFilter, channels_in: int) -> float:
     return unit_gain_std(layer) * float(np.sqrt(layer.size[0] * layer.size[1] * channels_in))
 
 
+#: Bytes of the squares :func:`filter_norms` makes at a time on the host: all at once they were a new
+#: weight-sized array every step (264 MB per rank for the 185M-parameter paper network on 2 ranks,
+#: page-faulted afresh each time).
+SQUARES_BYTES = 4 << 20
+
+
+def _unit_squares(w: Any) -> Any:
+    """Every unit's sum of squares of ``w`` (..., rh, rw, C), shape (..., 1, 1, 1): on the host a few MB
+    of units at a time (each unit's sum the same reduction as of the whole array: the same bits)."""
+    xp = backend.array_module(w)
+    axes = (-3, -2, -1)
+    if xp is not np or w.size == 0:
+        return (w * w).sum(axis=axes, keepdims=True)
+    units = w.reshape((-1,) + w.shape[-3:])
+    out = np.empty((units.shape[0], 1, 1, 1), w.dtype)
+    step = max(1, SQUARES_BYTES // max(1, units[0].nbytes))
+    for i in range(0, units.shape[0], step):
+        part = units[i:i + step]
+        np.sum(part * part, axis=axes, keepdims=True, out=out[i:i + step])
+    return out.reshape(w.shape[:-3] + (1, 1, 1))
+
+
 def filter_norms(w: Any) -> Any:
     """Every unit's filter norm of ``w`` (..., rh, rw, C), shape (..., 1, 1, 1), in ``w``'s dtype.
 
@@ -180,7 +202,7 @@ def filter_norms(w: Any) -> Any:
     xp = backend.array_module(w)
     axes = (-3, -2, -1)
     with np.errstate(over="ignore", under="ignore"):
-        n = xp.sqrt((w * w).sum(axis=axes, keepdims=True))
+        n = xp.sqrt(_unit_squares(w))
     redo = ~xp.isfinite(n) | (n == 0)
     if bool(redo.any()):
         units = xp.nonzero(redo.reshape(redo.shape[:-3]))

@@ -14,7 +14,10 @@ A machine is plain JSON (``cotsdl bench calibrate`` writes one for the machine i
      "link": {"alpha_s": seconds per message, "beta_s_per_byte": seconds per byte},
      "node_link": {"alpha_s": ..., "beta_s_per_byte": ..., (optional) "sustained_bytes_per_s": bytes/s,
                    "burst_bytes": bytes} (optional: the link between nodes, where it differs),
-     "load": {"host": str, "other_busy_cores": cores, ...} (optional: what a calibration saw)}
+     "load": {"host": str, "other_busy_cores": cores, ...} (optional: what a calibration saw),
+     "efficiency_by_size": [{"case": str, "bytes": {op: bytes}, "by_threads": {"1": {op: f}, ...}}, ...]
+                   (optional: efficiencies measured on passes of those sizes),
+     "process_bytes": bytes (optional: a CPU rank's own memory before its first array)}
 
 The time of one operation on one rank (:func:`op_seconds`) is the roofline divided by
 the efficiency of that kind of operation, plus a fixed overhead::
@@ -26,6 +29,9 @@ its device (or a fraction of it when more ranks than devices share a node); a CP
 has ``cores / ranks_per_node`` of the node's cores, hence that fraction of its peak
 and of its memory bandwidth.  An efficiency is thus the fraction of the roofline an
 operation reaches, which is what a calibration measures (roofline time / measured time).
+Where the machine has ``efficiency_by_size`` the efficiency is that of the op's own bytes
+(:func:`efficiency`): a pass whose arrays stay in cache and one that streams hundreds of
+MB from memory reach different fractions of the roofline.
 
 ``link`` is the link between ranks of one node and, without ``node_link``, between nodes
 too; ``node_link`` is the link between nodes, measured apart by a calibration that spans
@@ -181,6 +187,9 @@ def validate_machine(data: Any, source: str = "description") -> dict[str, Any]:
             if k not in effs:
                 raise MachineError(f"machine {source}: missing key efficiency_by_threads.{t}.{k}")
             _positive(source, f"efficiency_by_threads.{t}.{k}", effs[k], upto=1)
+    _check_by_size(source, data.get("efficiency_by_size"))
+    if "process_bytes" in data:
+        _positive(source, "process_bytes", data["process_bytes"])
     for k, v in (data.get("overhead_by_op_s") or {}).items():
         if k not in EFFICIENCY_KEYS:
             raise MachineError(f"machine {source}: unknown key overhead_by_op_s.{k} (allowed: {', '.join(EFFICIENCY_KEYS)})")
@@ -191,6 +200,33 @@ def validate_machine(data: Any, source: str = "description") -> dict[str, Any]:
     out["device"]["cores"] = int(dev["cores"])
     out["device"]["devices_per_node"] = int(dev["devices_per_node"])
     return out
+
+
+def _check_by_size(source: str, cases: Any) -> None:
+    """``efficiency_by_size``: absent, or a list of {case, bytes: {op: > 0}, by_threads: {"t": {op: > 0}}}: not
+    capped at 1, as a pass whose data stay in cache, or a thread that runs faster than its share of the
+    all-core peak, beats the roofline of its minimum bytes or share."""
+    if cases is None:
+        return
+    if not isinstance(cases, list):
+        raise MachineError(f"machine {source}: efficiency_by_size must be a list of cases")
+    for i, c in enumerate(cases):
+        where = f"efficiency_by_size[{i}]"
+        if not (isinstance(c, dict) and isinstance(c.get("bytes"), dict) and isinstance(c.get("by_threads"), dict)
+                and c["by_threads"]):
+            raise MachineError(f"machine {source}: {where} must be an object with keys case, bytes, by_threads")
+        for k in EFFICIENCY_KEYS:
+            if k not in c["bytes"]:
+                raise MachineError(f"machine {source}: missing key {where}.bytes.{k}")
+            _positive(source, f"{where}.bytes.{k}", c["bytes"][k])
+        for t, effs in c["by_threads"].items():
+            if not (isinstance(t, str) and t.isdigit() and int(t) >= 1 and isinstance(effs, dict)):
+                raise MachineError(f"machine {source}: {where}.by_threads.{t}: keys must be thread counts "
+                                   "(\"1\", \"2\", ...) holding efficiency objects")
+            for k in EFFICIENCY_KEYS:
+                if k not in effs:
+                    raise MachineError(f"machine {source}: missing key {where}.by_threads.{t}.{k}")
+                _positive(source, f"{where}.by_threads.{t}.{k}", effs[k])  # above 1 where a pass beats its roofline
 
 
 def _check_load(source: str, load: Any) -> None:
@@ -267,12 +303,37 @@ def rank_share(machine: dict[str, Any], ranks_per_node: int) -> dict[str, float]
             "threads": threads, "slice": slice_}
 
 
-def efficiency(machine: dict[str, Any], share: dict[str, float], op: str) -> float:
+def _for_threads(by: dict[str, dict[str, float]], threads: int) -> dict[str, float] | None:
+    """The efficiencies of the nearest thread count at or below ``threads`` (None: none)."""
+    counts = sorted(int(t) for t in by if int(t) <= threads)
+    return by[str(counts[-1])] if counts else None
+
+
+def efficiency(machine: dict[str, Any], share: dict[str, float], op: str, nbytes: float | None = None) -> float:
     """The efficiency of ``op`` for a rank running ``share["threads"]`` threads: the calibrated value
-    for that thread count when the machine has one (the nearest count below), else ``efficiency``."""
-    by = machine.get("efficiency_by_threads") or {}
-    counts = sorted(int(t) for t in by if int(t) <= share.get("threads", 1))
-    return by[str(counts[-1])][op] if counts else machine["efficiency"][op]
+    for that thread count when the machine has one (the nearest count below), else ``efficiency``.
+
+    With ``nbytes`` (the op's bytes) and a machine with ``efficiency_by_size``: the cases' efficiencies
+    interpolated at ``nbytes``, linearly in log(bytes) between the two cases around it (the nearest one
+    outside their range): a pass of the paper's layer streams its 264 MB of weights from memory, the
+    demo's stay in cache."""
+    threads = share.get("threads", 1)
+    points = []
+    for case in (machine.get("efficiency_by_size") or []) if nbytes and nbytes > 0 else []:
+        effs = _for_threads(case["by_threads"], threads)
+        if effs is not None:
+            points.append((math.log(case["bytes"][op]), effs[op]))
+    if points:
+        points.sort()
+        x = math.log(nbytes)
+        if x <= points[0][0]:
+            return points[0][1]
+        for (x0, e0), (x1, e1) in zip(points, points[1:]):
+            if x <= x1:
+                return e0 + (e1 - e0) * (x - x0) / (x1 - x0) if x1 > x0 else e1
+        return points[-1][1]
+    effs = _for_threads(machine.get("efficiency_by_threads") or {}, threads)
+    return effs[op] if effs is not None else machine["efficiency"][op]
 
 
 def op_seconds(machine: dict[str, Any], share: dict[str, float], op: str, flops: float, nbytes: float,
@@ -282,7 +343,7 @@ def op_seconds(machine: dict[str, Any], share: dict[str, float], op: str, flops:
     if flops <= 0 and nbytes <= 0:
         return 0.0
     roof = max(flops / share["flops"], nbytes / share["bandwidth"])
-    return roof / efficiency(machine, share, op) + calls * call_seconds(machine, op, share)
+    return roof / efficiency(machine, share, op, nbytes) + calls * call_seconds(machine, op, share)
 
 
 def call_seconds(machine: dict[str, Any], op: str | None = None, share: dict[str, float] | None = None) -> float:

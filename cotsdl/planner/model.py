@@ -19,17 +19,30 @@ from ..nn.layout import interior_pieces, layout, split_sites
 from ..nn.network import Network
 from ..ops.cuda.filter import by_sites, sites_rows
 
-#: Weight-sized work arrays an optimizer's update keeps besides its slots (at most two: Adam's
-#: m_hat and v_hat, AdaGrad's and RMSProp's numerator and denominator; see train/optim.py).
+#: Weight-sized work arrays an optimizer's update keeps besides its slots (two: Adam's m_hat and v_hat,
+#: AdaGrad's and RMSProp's numerator and denominator; momentum's one and, with ``clip_norm``, the clipped
+#: gradient -- a third beside Adam's; see train/optim.py).
+#: The slots themselves are a count the caller gives (``optimizer_slots``): the planner sits on a
+#: floor below ``train`` and never reads the optimizer registry; ``train.optim.slot_count`` gives the
+#: count of a config's ``train.optimizer``, ``len(optimizer.slots)`` of an optimizer.
 UPDATE_WORK_ARRAYS = 2
 
+#: Words per weight that an update reads and writes, by the optimizer's slots, counted in ``train.optim``
+#: as numpy runs it (every in-place operation reads its operands and writes its result): plain SGD 5,
+#: momentum 10, Adam 33 (AdaGrad, RMSProp and LARS, one slot, 17-22; LAMB, two, 41).
+#: ``cotsdl bench calibrate`` times an Adam step counting its 33 words, so ``elementwise`` is the
+#: bandwidth such operations reach.
+UPDATE_WORDS = {0: 5, 1: 10, 2: 33}
 
-def optimizer_slots(opt: dict[str, Any]) -> int:
-    """Arrays of optimizer state per weight of a resolved ``train.optimizer`` config table (plain
-    SGD 0, momentum 1, Adam 2): the optimizer registry's own count."""
-    from ..train.optim import slot_count  # noqa: PLC0415 - the registry imports without MPI
+#: Words per weight of the norm projection after an update (``train.filter_norm``, which every config
+#: sets): ``nn.network.filter_norms`` squares the weights a few MB at a time (read, write) and sums the
+#: squares (read); the weights are scaled (read, write).
+NORM_WORDS = 5
 
-    return slot_count(opt)
+#: Words per input element of reading the next minibatch (``io.reader``, in a thread beside the step,
+#: on the rank's cores): its bytes gathered, converted to float (write), standardized in place (read,
+#: write), checked (read) and transposed (read, write).
+READ_WORDS = 6
 
 
 @dataclass
@@ -189,6 +202,7 @@ def step_ops(network: Network, counts: list[LayerCounts], stage: int, batch: int
 
     # (0) the minibatch: every rank's read is checked in one collective verdict
     reduce(G * replicas, 8, "reading check")
+    elementwise(counts[0].src_elems, READ_WORDS, "the next minibatch read and converted (beside the step)", 0)
     # (1) the frozen stages below: forward only
     for li in range(f):
         comp(li, "forward", "stage input: forward", ex(li, "forward", "stage input: exchange"))
@@ -222,7 +236,8 @@ def step_ops(network: Network, counts: list[LayerCounts], stage: int, batch: int
     # (4) finite checks and the update
     elementwise(w * copies, 1, "finite check of the gradient", f)
     reduce(G * replicas, 3 * 8, "finite check, and the signs of a dead stage (train/vitals.py)")
-    elementwise(w * copies, 3 + 2 * optimizer_slots, f"update ({optimizer_slots} optimizer slot(s))", f)
+    elementwise(w * copies, UPDATE_WORDS[optimizer_slots], f"update ({optimizer_slots} optimizer slot(s))", f)
+    elementwise(w * copies, NORM_WORDS, "filter norms and their projection", f)
     elementwise(w * copies, 1, "finite check of the weights", f)
     reduce(G * replicas, 2 * 8, "finite check and filter norms of the weights")
     # (5) the step's bookkeeping: the slowest rank's exchange time, and the agreed stop check
@@ -231,24 +246,54 @@ def step_ops(network: Network, counts: list[LayerCounts], stage: int, batch: int
     return ops
 
 
-def memory(network: Network, counts: list[LayerCounts], stage: int, itemsize: int, optimizer_slots: int,
-           tied: bool = True, gpu: bool = False) -> dict[str, Any]:
-    """Bytes per rank (arrays over ranks) in one step of ``stage``, by category and by layer.
+#: A CPU rank's own bytes before its first array when the machine does not say (``process_bytes``,
+#: written by ``cotsdl bench calibrate``): the interpreter, numpy, MPI, HDF5, scipy and the native
+#: kernels, as a ``cotsdl train`` rank of the development VM held them (105 MiB), rounded up.
+PROCESS_BYTES = 128 << 20
 
+#: The categories of :func:`memory`: what a GPU rank holds on its device, then what a CPU rank also holds
+#: in host memory (on a GPU machine those are host memory and count 0: the fit is the device's).
+DEVICE_CATEGORIES = ("weights", "gradients", "optimizer", "activations", "buffers", "temporaries")
+HOST_CATEGORIES = ("reader", "diagnostics", "runtime")
+
+
+def runtime_bytes(machine: dict[str, Any]) -> float:
+    """A rank's own bytes before its first array on ``machine``: its ``process_bytes`` (calibrated), else
+    :data:`PROCESS_BYTES` on a CPU machine; 0 on a GPU machine (host memory, not the device's)."""
+    if machine["kind"] == "gpu":
+        return 0.0
+    return float(machine.get("process_bytes") or PROCESS_BYTES)
+
+
+def memory(network: Network, counts: list[LayerCounts], stage: int, itemsize: int, optimizer_slots: int,
+           tied: bool = True, gpu: bool = False, runtime: float = 0.0) -> dict[str, Any]:
+    """Bytes per rank (arrays over ranks) at the peak of training ``stage``, by category and by layer.
+
+    What a device holds (:data:`DEVICE_CATEGORIES`; a CPU rank holds them in its memory):
     Weights: every filter layer's block (twice untied).  Gradients: the stage's gradient block
     (tied: one, both pairs' gradients summed in one pass; untied: one each).  Optimizer: its
     slots for the stage and the two work arrays its update runs in (``train.optim``: kept from
-    step to step).  Activations: what
+    step to step; momentum's one and a clipped gradient).  Activations: what
     the step keeps alive at its peak -- windows, outputs (and LCN caches, about an output)
     of the frozen layers below, then the objective's arrays (3 windows of the filter input,
     3 blocks of the stage input, 4 filter outputs, 2 pool windows, 2 pool outputs).
     Buffers: packed send and receive buffers of every exchange of the step, and with ``gpu`` the
     site products the filter's backward-data holds where it goes by sites (``LayerCounts.scratch``).
+    Temporaries: the largest memory held for a moment outside the step: on a GPU one weight block of
+    the stage (the norm projection's squares, ``nn.network.filter_norms``), on a CPU rank the
+    checkpoint's shard, which ``io.checkpoint.save`` builds in memory before writing it (every layer's
+    weights and the stage's optimizer slots).
+
+    What a CPU rank also holds (:data:`HOST_CATEGORIES`; 0 with ``gpu``): Reader: the minibatch read
+    ahead (``io.reader``: prefetch) and the copy it is converted from.  Diagnostics: the stage's
+    initial weights, kept to compare the filters with at every log line (``nn.stage_stats``).
+    Runtime: the process itself before its first array (``runtime``: :func:`runtime_bytes`).
+    Workspaces (scratch of a few MiB per layer) are not counted.
     """
     f, p = network.layer_index(stage, "filter"), network.layer_index(stage, "pool")
     copies = 1 if tied else 2
     G = len(counts[0].sent)
-    cats = ("weights", "gradients", "optimizer", "activations", "buffers")
+    cats = DEVICE_CATEGORIES + HOST_CATEGORIES[:-1]  # the runtime belongs to no layer
     by_layer = {c.index: {k: np.zeros(G) for k in cats} for c in counts}
     for c in counts:
         by_layer[c.index]["weights"] += c.params_rank * copies * itemsize
@@ -264,7 +309,14 @@ def memory(network: Network, counts: list[LayerCounts], stage: int, itemsize: in
         by_layer[c.index]["buffers"] += (c.sent + c.received) * (2 if c.index in (f, p) else 1)
     if gpu:  # the decoder's backward-data, at most one at a time
         by_layer[f]["buffers"] += cf.scratch
+        by_layer[f]["temporaries"] += w * copies * itemsize
+    else:
+        shard = (sum(c.params_rank for c in counts) + w * optimizer_slots) * copies * itemsize
+        by_layer[f]["temporaries"] += shard
+        by_layer[0]["reader"] += 2 * counts[0].src_elems * itemsize
+        by_layer[f]["diagnostics"] += w * itemsize
     out = {k: sum(d[k] for d in by_layer.values()) for k in cats}
-    out["total"] = sum(out[k] for k in cats)
+    out["runtime"] = np.full(G, 0.0 if gpu else float(runtime))
+    out["total"] = sum(out[k] for k in DEVICE_CATEGORIES + HOST_CATEGORIES)
     out["by_layer"] = by_layer
     return out

@@ -20,8 +20,8 @@ from .predict import counts_for, predict_step
 #: overlap on.  The model counts the wire time overlap hides and the border strips' extra calls,
 #: not that the split passes run in smaller, less efficient pieces, nor whether MPI moves the
 #: messages while the rank computes (on one node it mostly does not): measured there, overlap
-#: costs 1-7% of a step where it hides nothing (README, "Performance").  A smaller predicted gain
-#: is within the model's error, and off is the safe side of it.
+#: costs 1-7% of a step where it hides nothing (cotsdl/bench/README.md, "Overlap").  A smaller
+#: predicted gain is within the model's error, and off is the safe side of it.
 MARGIN = 0.02
 
 #: How to get a machine model when there is none.

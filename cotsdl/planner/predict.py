@@ -27,6 +27,7 @@ wire time hides only where MPI moves the messages while the rank computes.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any, Sequence
 
 import numpy as np
@@ -35,7 +36,8 @@ from ..array.partition import _divisor_pairs
 from ..nn.network import Network
 from .machine import (call_seconds, default_ranks_per_node, link_of, message_seconds, op_seconds, rank_share,
                       sustained_rate)
-from .model import Op, layer_counts, memory, step_ops
+from .model import Op, layer_counts, memory, runtime_bytes, step_ops
+from .reduction import choose as choose_reduction
 
 _COUNTS_CACHE: dict[tuple, list] = {}
 
@@ -106,9 +108,10 @@ def _spans(ranks: Sequence[int], rpn: int) -> int:
 
 
 def _op_seconds(op: Op, machine: dict[str, Any], share: dict[str, float], wire=None,
-                nodes_of_group: int = 1) -> np.ndarray | float:
+                nodes_of_group: int = 1, levels: tuple[int, int] | None = None) -> np.ndarray | float:
     """One op's time per rank (``wire``: an exchange's from :func:`_wire`; ``nodes_of_group``: how many
-    nodes a reduction's group spans)."""
+    nodes a reduction's group spans; ``levels``: (its ranks per node, its nodes) where the replicas'
+    gradient goes in two levels, :mod:`cotsdl.train.allreduce`)."""
     if op.kind == "compute":
         fl, by = np.broadcast_arrays(np.asarray(op.flops, float), np.asarray(op.bytes, float))
         return np.array([op_seconds(machine, share, op.what, a, b) for a, b in zip(fl.ravel(), by.ravel())])
@@ -122,6 +125,11 @@ def _op_seconds(op: Op, machine: dict[str, Any], share: dict[str, float], wire=N
         return 0.0
     nbytes = np.asarray(op.bytes, float)
     across = nodes_of_group > 1
+    if op.label == "gradient over replicas" and levels is not None:  # reduce, leaders' ring, broadcast
+        per, nodes = levels
+        node = link_of(machine, True)
+        return (2 * math.ceil(math.log2(per)) * message_seconds(machine, 1, nbytes) + 2 * (nodes - 1) * node["alpha_s"]
+                + 2 * (nodes - 1) / nodes * nbytes * node["beta_s_per_byte"])
     if op.label == "gradient over replicas":  # large: ring allreduce, as slow as its slowest hop
         link = link_of(machine, across)
         return 2 * (n - 1) * link["alpha_s"] + 2 * (n - 1) / n * nbytes * link["beta_s_per_byte"]
@@ -166,7 +174,8 @@ def _overlapped(ops: list[Op], per_rank: list[np.ndarray], times: list[float], c
 
 def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] | None, replicas: int,
                  machine: dict[str, Any], stage: int = 0, dtype: str = "float32", optimizer_slots: int = 2,
-                 ranks_per_node: int | None = None, tied: bool = True, overlap: bool = False) -> dict[str, Any]:
+                 ranks_per_node: int | None = None, tied: bool = True, overlap: bool = False,
+                 reduction: str = "auto") -> dict[str, Any]:
     """Predicted time and memory of one training step of ``stage``.
 
     Parameters
@@ -180,6 +189,9 @@ def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] |
         The model grid (None: ``choose_grid`` for ``ranks // replicas``, as training does).
     machine : dict
         A validated machine (:func:`cotsdl.planner.load_machine`).
+    reduction : "auto", "flat" or "two-level"
+        ``parallel.reduction``: the replicas' gradient sum is predicted as the one it chooses for
+        the replicas' group of the first grid position (``result["reduction"]``).
 
     Returns
     -------
@@ -213,7 +225,11 @@ def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] |
             egress += wires_egress[i]
     spans = {group: _spans(range(group), rpn), group * replicas: _spans(range(group * replicas), rpn),
              replicas: _spans(range(0, group * replicas, group), rpn)}
-    per_rank = [np.broadcast_to(_op_seconds(op, machine, share, wires.get(i), spans.get(op.group, 1)),
+    # the replicas' group of grid position 0 (world ranks 0, G, 2G, ...): flat or two levels (as trained)
+    on_nodes = [k * group // rpn for k in range(replicas)]
+    kind = choose_reduction(reduction, on_nodes)[0]
+    levels = (max(Counter(on_nodes).values()), len(set(on_nodes))) if kind == "two-level" else None
+    per_rank = [np.broadcast_to(_op_seconds(op, machine, share, wires.get(i), spans.get(op.group, 1), levels),
                                 (len(counts[0].sent),)) for i, op in enumerate(ops)]
     times = [float(np.max(t)) for t in per_rank]
     if overlap:
@@ -227,14 +243,17 @@ def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] |
         if i in wires:
             sends[i] = float(np.sum(wires_egress[i][nodes == busiest]))
         elif op.label == "gradient over replicas" and spans.get(op.group, 1) > 1:
-            sends[i] = float(np.max(np.asarray(op.bytes, float))) * 2 * (op.group - 1) / op.group * min(rpn, group)
+            # flat: every rank of the node in a ring; two levels: each of the node's groups once, by its leader
+            n, per = (op.group, 1) if levels is None else (levels[1], levels[0])
+            sends[i] = float(np.max(np.asarray(op.bytes, float))) * 2 * (n - 1) / n * min(rpn, group) / per
     waits = bucket_waits(ops, times, sends, machine)
     for i, w in waits.items():
         times[i] += w
     tot = {k: float(sum(t for t, op in zip(times, ops) if op.kind == k)) for k in ("compute", "exchange", "reduce")}
     node_egress = float(sum(sends.values()))
     link_bound = float(sum(waits.values()))
-    mem = memory(network, counts, stage, itemsize, optimizer_slots, tied, gpu=machine["kind"] == "gpu")
+    mem = memory(network, counts, stage, itemsize, optimizer_slots, tied, gpu=machine["kind"] == "gpu",
+                 runtime=runtime_bytes(machine))
     worst = int(np.argmax(mem["total"]))
     layers = []
     for c in counts:
@@ -261,6 +280,7 @@ def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] |
     return {
         "machine": machine["name"], "stage": int(stage), "ranks": ranks, "replicas": replicas, "grid": list(dims),
         "batch": batch, "dtype": np.dtype(dtype).name, "ranks_per_node": rpn, "overlap": bool(overlap),
+        "reduction": kind,
         "seconds": tot["compute"] + tot["exchange"] + tot["reduce"], "compute_s": tot["compute"],
         "exchange_s": tot["exchange"], "reduce_s": tot["reduce"],
         "node_egress_bytes": node_egress, "link_bound_s": link_bound, "nodes": int(nodes.max()) + 1 if len(nodes) else 1,

@@ -8,8 +8,8 @@ import numpy as np
 from ..nn.network import Network, unit_gain_norm
 
 #: ``filter_norm = "auto"``: this fraction of the unit-gain norm, a reconstruction gain of
-#: 0.16.  Measured on 7x7 first-stage filters of the bundled photographs (README, "Training
-#: that learns"): at gain 0.16 the filters became localized edges and bars (Gabor fits
+#: 0.16.  Measured on 7x7 first-stage filters of the bundled photographs (cotsdl/README.md,
+#: "Training that learns"): at gain 0.16 the filters became localized edges and bars (Gabor fits
 #: explaining >= 50% of the variance for nearly all), at gain ~1 they stayed noisy.
 AUTO_NORM_FRACTION = 0.4
 

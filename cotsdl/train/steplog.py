@@ -50,14 +50,15 @@ class StepLog:
 
     def report(self, rec: dict[str, Any]) -> None:
         """The log line of a step, and its metrics record."""
-        comp = max(rec["seconds"] - rec["exchange_seconds"], 0.0)
+        wait = rec.get("read_wait_seconds", 0.0)
+        comp = max(rec["seconds"] - rec["exchange_seconds"] - wait, 0.0)
         mean = f", mean of {rec['mean_over']} steps {rec['loss_mean']:.5g}" if rec.get("mean_over", 1) > 1 else ""
         self.bar.update(rec["stage_step"], loss=f"{rec['loss']:.4g}")
         of = f"/{self.bar.total}" if self.bar.total else ""
         self.say(f"stage {rec['stage']} step {rec['stage_step']}{of} (global {rec['step']}): loss {rec['loss']:.5g} "
                  f"(reconstruction {rec['reconstruction']:.5g}, sparsity {rec['sparsity']:.5g}{mean}); "
                  f"{rec['images_per_s']:.1f} images/s; compute {comp * 1e3:.1f} ms, exchange "
-                 f"{rec['exchange_seconds'] * 1e3:.1f} ms; lr {rec['lr']:.3g}"
+                 f"{rec['exchange_seconds'] * 1e3:.1f} ms, read wait {wait * 1e3:.1f} ms; lr {rec['lr']:.3g}"
                  + (f"; {self.bar.eta()}" if self.bar.total else ""))
         self.write(rec)
 

@@ -20,18 +20,18 @@ from mpi4py import MPI
 
 from .. import backend
 from ..array.collect import gather
+from ..array import collective
 from ..array.collective import agree, agreed, raise_collectively, sum_values, wait_idle
 from ..array.distarray import DistArray
 from ..array.grid import split_replicas
 from ..io import checkpoint
 from ..io.input_lcn import InputLCN
-from ..nn.network import Network, project_norm
+from ..nn.network import Network, filter_norms, project_norm
 from ..nn.plan import NetworkPlan
 from ..nn import stage_stats as monitor
-from . import allreduce, resume
+from . import allreduce, resume, schedules, vitals
 from .objective import StageObjective
 from .optim import Optimizer
-from .schedules import describe as schedules_describe
 from .norms import stage_norms
 from .state import META_KEYS, TrainState
 from .steplog import StepLog
@@ -81,12 +81,17 @@ class GreedyTrainer:
     log_every, metrics_file : rank 0 prints a line every ``log_every`` steps and appends
         a JSON line to ``metrics_file``.
     max_bad_steps : int
-        Consecutive non-finite steps (skipped) after which training stops.
+        Consecutive non-finite steps (skipped) after which training stops.  Training also stops
+        (a RuntimeError naming the step, the stage and the likely setting) when a stage stopped
+        learning (:mod:`cotsdl.train.vitals`), and refuses steps its schedule would train at rate 0.
     overlap : bool or "auto"
         Hide halo traffic behind computation (same results bit for bit; see ``NetworkPlan``).
         ``"auto"``: where the run planner predicts a gain on this machine (its calibration
         ``./machine.json``, else a rule: on where halos cross nodes), decided once on rank 0 for
         this grid (:func:`cotsdl.planner.overlap.choose_overlap`); ``overlap_reason`` says why.
+    reduction : "auto", "flat" or "two-level"
+        How the replicas sum their gradients (:data:`cotsdl.train.allreduce.REDUCTIONS`; equal
+        results, within a float sum's rounding); ``reduction_reason`` says which and why.
     filter_norm : float, "auto", sequence of them (or None), or None
         Keep every unit's filter (encoder, and decoder when untied) at this L2 norm:
         initialized at it and projected back after every update (as reconstruction
@@ -108,7 +113,7 @@ class GreedyTrainer:
                  seed: int = 0, dtype: Any = np.float32, checkpoint_dir: str | None = None,
                  checkpoint_every: int = 0, keep: int = 3, log_every: int = 10, metrics_file: str | None = None,
                  max_bad_steps: int = 5, log=sys.stdout, should_stop: Callable[[], bool] | None = None,
-                 overwrite: bool = False, overlap: bool | str = True,
+                 overwrite: bool = False, overlap: bool | str = True, reduction: str = "auto",
                  filter_norm: float | Sequence[float | None] | None = None):
         err = None
         norms, norm_err = stage_norms(filter_norm, network)
@@ -124,6 +129,8 @@ class GreedyTrainer:
             err = norm_err
         elif not (isinstance(overlap, (bool, np.bool_)) or (isinstance(overlap, str) and overlap == "auto")):
             err = f'overlap must be True, False or "auto", got {overlap!r}'
+        elif allreduce.setting_error(reduction):
+            err = allreduce.setting_error(reduction)
         elif bad := next((f"{k} must be an integer >= {lo}, got {v!r}" for k, v, lo in (
                 ("checkpoint_every", checkpoint_every, 0), ("keep", keep, 1), ("log_every", log_every, 0),
                 ("max_bad_steps", max_bad_steps, 1), ("seed", seed, 0))
@@ -145,8 +152,8 @@ class GreedyTrainer:
               grid=None if grid is None else [int(v) for v in grid], lam=float(lam), tied=bool(tied), seed=int(seed),
               dtype=np.dtype(dtype).name, checkpoint_dir=checkpoint_dir, checkpoint_every=int(checkpoint_every),
               keep=int(keep), max_bad_steps=int(max_bad_steps), overwrite=bool(overwrite),
-              overlap=overlap if isinstance(overlap, str) else bool(overlap),
-              filter_norm=norms, optimizer=(type(optimizer).__name__, schedules_describe(optimizer.schedule), optimizer.hyper()),
+              overlap=overlap if isinstance(overlap, str) else bool(overlap), reduction=reduction,
+              filter_norm=norms, optimizer=(type(optimizer).__name__, schedules.describe(optimizer.schedule), optimizer.hyper()),
               data=(tuple(data.image_shape), len(data) if hasattr(data, "__len__") else None,
                     getattr(data, "seed", None)))
         if checkpoint_dir:  # checked now, not at the first checkpoint after real work
@@ -155,6 +162,9 @@ class GreedyTrainer:
                                if comm.Get_rank() == 0 else None, OSError)
         self.world, self.network, self.data = comm, network, data
         self.decomposition = split_replicas(comm, replicas, grid, extent=network.input_shape[:2])
+        #: the replicas' gradient sum (flat or two-level), ``reduction_reason`` why (collective)
+        self.reduction = allreduce.Reduction(self.decomposition.replica_comm, reduction)
+        self.reduction_reason = f"{self.reduction.kind} ({self.reduction.reason})"
         #: why ``overlap="auto"`` chose what it did (None: overlap was given)
         self.overlap_reason: str | None = None
         if isinstance(overlap, str):
@@ -179,6 +189,9 @@ class GreedyTrainer:
         self.stage_stats: dict[int, dict[str, float]] = {}
         self._w0: tuple[int, Any] | None = None  # (stage, this rank's initial weights of it)
         self.should_stop = should_stop
+        #: the signs of a stage that stopped learning (silence, a frozen loss), step by step
+        self.vitals = vitals.Vitals(self.plan.dtype)
+        self._read_wait = 0.0  # seconds the last step waited for its minibatch (this rank)
 
     def _auto_overlap(self, network: Network, batch: int, replicas: int, dtype: np.dtype, tied: bool, slots: int):
         """``overlap="auto"`` on this grid: decided on rank 0 (its machine file, as ``cotsdl plan`` reads
@@ -246,7 +259,9 @@ class GreedyTrainer:
         first = self.position + self.decomposition.replica * self.batch
         err, x = None, None
         try:
+            t0 = time.perf_counter()
             xb = self.data.read(first, self.batch, self.plan.input_owned)
+            self._read_wait = time.perf_counter() - t0  # blocked on the data (prefetched: its wait for the thread)
             want = self.plan.input_owned.shape
             if tuple(xb.shape) != want:
                 raise ValueError(f"the source returned shape {tuple(xb.shape)}, expected {want}")
@@ -261,7 +276,7 @@ class GreedyTrainer:
         y, _ = self.plan.forward(x, self.params, upto=self.network.layer_index(stage, "filter"))
         return y
 
-    def _train_step(self, stage: int, objective: StageObjective) -> dict[str, Any]:
+    def _train_step(self, stage: int, objective: StageObjective, last: bool = False) -> dict[str, Any]:
         t0 = time.perf_counter()
         ex0 = sum(lp.exchange.seconds for lp in self.plan.layers)
         li = self.filter_layers[stage]
@@ -277,24 +292,36 @@ class GreedyTrainer:
                 grads = {"w": dw, "w_dec": dwd}
         losses = np.array([parts.total, parts.reconstruction, parts.sparsity, parts.signal, parts.pooled])
         if self.replicas > 1:
-            grads = allreduce.average(self.decomposition.replica_comm, grads)
+            grads = allreduce.average(self.decomposition.replica_comm, grads, reduce=self.reduction)
             losses = sum_values(self.decomposition.replica_comm, losses) / self.replicas
         lr = self.optimizer.lr  # the rate of this step (the record reports it, not the next one's)
         finite = bool(np.all(np.isfinite(losses)) and all(_all_finite(g) for g in grads.values()))
-        finite = bool(self.world.allreduce(finite, op=MPI.LAND))  # every rank skips together
+        # one allreduce: every rank skips together, and sees the same signs of a dead stage (train.vitals)
+        signs = collective.allreduce(self.world, self.vitals.signs(finite, parts.active, float(losses[0])))
+        finite = not signs[0]
         if finite:
             self.bad_in_row = 0
+            dead = self.vitals.observe(signs, lr, last)
+            if dead:
+                raise self._dead(stage, *dead)
             params = {"w": self.params[li]} if self.tied else {"w": self.params[li], "w_dec": self.decoders[li]}
             self.optimizer.step(params, grads)
-            if self.filter_norms[stage] is not None:  # per unit: no communication, exact on any split
+            bad_norms, norm = 0, self.filter_norms[stage]
+            if norm is not None:  # per unit: no communication, exact on any split
                 for p in params.values():
-                    project_norm(p, self.filter_norms[stage])
-            ok = bool(self.world.allreduce(all(_all_finite(p) for p in params.values()), op=MPI.LAND))
-            if not ok:
+                    n = filter_norms(p)  # before the projection: what the update made of the filters
+                    bad_norms += vitals.bad_norms(n, norm, p.dtype)
+                    project_norm(p, norm, n)
+            bad = np.array([not all(_all_finite(p) for p in params.values()), bad_norms], dtype=np.int64)
+            bad = collective.allreduce(self.world, bad)
+            if bad[0]:
                 raise agreed(RuntimeError(f"training stopped: the update of stage {stage} step {self.stage_step} made the "
                                    "weights non-finite (learning rate too large?); nothing was saved after it; "
                                    + self._last_saved()))
+            if bad[1]:
+                raise self._dead(stage, *vitals.norm_problem(int(bad[1]), norm, self.plan.dtype, lr))
         else:
+            self.vitals.reset()
             self.bad_in_row += 1
             self.skipped += 1
             self._say(f"warning: stage {stage} step {self.stage_step}: non-finite loss or gradient, step skipped "
@@ -309,12 +336,13 @@ class GreedyTrainer:
         self.step += 1
         dt = time.perf_counter() - t0
         ex = sum(lp.exchange.seconds for lp in self.plan.layers) - ex0
-        ex = float(self.world.allreduce(ex, op=MPI.MAX))
+        ex, wait = (float(v) for v in collective.allreduce(self.world, np.array([ex, self._read_wait]), MPI.MAX))
         return {"step": self.step, "stage": stage, "stage_step": self.stage_step, "loss": float(losses[0]),
                 "reconstruction": float(losses[1]), "sparsity": float(losses[2]),
                 "recon_rel": float(losses[1] / losses[3]) if losses[3] > 0 else float("nan"),
                 "pooled": float(losses[4]), "skipped": not finite,
-                "seconds": dt, "exchange_seconds": ex, "images_per_s": self.batch * self.replicas / dt,
+                "seconds": dt, "exchange_seconds": ex, "read_wait_seconds": wait,
+                "images_per_s": self.batch * self.replicas / dt,
                 "lr": lr}
 
     # -- stages -------------------------------------------------------------------
@@ -344,13 +372,15 @@ class GreedyTrainer:
             steps = int(np.ceil(float(epochs) * len(self.data) / (self.batch * self.replicas)))
         self._begin_stage(stage)
         self.optimizer.comm = self.decomposition.grid.comm  # also for an optimizer swapped in by the user
+        self._check_rates(stage, self.optimizer.schedule, self.optimizer.t, int(steps))
         objective = StageObjective(self.plan, stage, self.lam, self.tied)
         records: list[dict[str, Any]] = []
         window: list[dict[str, Any]] = []  # the steps since the last report
         self.steplog.begin(stage, self.stage_step, self.stage_step + int(steps))
+        self.vitals.begin(stage)
         try:
             for _ in range(int(steps)):
-                rec = self._train_step(stage, objective)
+                rec = self._train_step(stage, objective, last=_ == int(steps) - 1)
                 records.append(rec)
                 self.history.append(rec)
                 window.append(rec)
@@ -372,6 +402,8 @@ class GreedyTrainer:
                 if self.checkpoint_dir and self.checkpoint_every and self.step % self.checkpoint_every == 0:
                     if self.bad_in_row:
                         self._say(f"checkpoint at step {self.step} skipped: the last step was not finite")
+                    elif self.vitals.suspect:  # never a checkpoint of what may be a dead state
+                        self._say(f"checkpoint at step {self.step} skipped: {self.vitals.suspect}")
                     else:
                         self.save()
                 self._check_stop()
@@ -407,6 +439,21 @@ class GreedyTrainer:
             saved = self.latest_checkpoint() if self._saved_step == self.step else self.save()
         raise TrainingInterrupted(self.step, saved)
 
+    def _dead(self, stage: int, why: str, likely: str) -> RuntimeError:
+        """The error of a stage that stopped learning (the same on every rank): what, where, the likely
+        setting, and the checkpoint that is intact (none is written of the dead state)."""
+        return agreed(RuntimeError(f"training stopped at step {self.stage_step + 1} of stage {stage} (global step "
+                                   f"{self.step + 1}): {why}. Likely: {likely}. No checkpoint was written of this "
+                                   f"state; {self._last_saved()}"))
+
+    @staticmethod
+    def _check_rates(stage: int, schedule: Any, first: int, steps: int) -> None:
+        """Refuse a stage whose next ``steps`` steps from schedule step ``first`` would not all train
+        (every rank holds the same schedule and steps, agreed: the same error on each)."""
+        zero = schedules.zero_error(schedule, first, first + steps)
+        if zero:
+            raise agreed(ValueError(f"stage {stage} would train at learning rate 0: {zero}"))
+
     def _last_saved(self) -> str:
         last = self.latest_checkpoint()
         return f"the last checkpoint, {last}, is intact" if last else "no checkpoint had been written yet"
@@ -419,6 +466,10 @@ class GreedyTrainer:
         agree(self.world, steps_per_stage=[int(v) for v in steps_per_stage])
         if len(steps_per_stage) != len(self.network.stages):
             raise ValueError(f"steps_per_stage needs {len(self.network.stages)} entries, got {len(steps_per_stage)}")
+        for k in range(self.stage, len(self.network.stages)):  # every stage's rates, before any trains
+            now = k == self.stage and self.optimizer is not None
+            self._check_rates(k, (self.optimizer if now else self.template).schedule, self.optimizer.t if now else 0,
+                              max(0, int(steps_per_stage[k]) - (self.stage_step if now else 0)))
         for k in range(self.stage, len(self.network.stages)):
             done = self.stage_step if k == self.stage and self.optimizer is not None else 0
             if done > int(steps_per_stage[k]) and k + 1 < len(self.network.stages):
@@ -478,7 +529,8 @@ class GreedyTrainer:
         raise_collectively(comm, err)
         batch, replicas, grid = resume.choose_decomposition(meta, comm, batch, replicas, grid)
         raise_collectively(comm, resume.template_error(meta, optimizer))
-        saved_opt = resume.saved_optimizer(meta)
+        saved_opt, err = resume.saved_optimizer(meta, optimizer)
+        raise_collectively(comm, err)
         network = Network.from_description(meta["network"])
         saved_norms = meta.get("filter_norm") or [None] * len(network.stages)
         norms, err = (saved_norms, None) if filter_norm is None else stage_norms(filter_norm, network)

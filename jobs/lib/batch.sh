@@ -15,6 +15,10 @@
 #   cotsdl_signal_delay W L E  seconds to wait before the lead-time signal
 #   cotsdl_start_timer D LEAD  send SIGUSR1 to this script after D seconds
 #   cotsdl_stop_timer          (when the launcher has exited)
+#   cotsdl_clean_shm WORLD...  remove this node's stale MPICH shared-memory files of the MPI
+#                              worlds named (a killed start's), before a launch
+#   cotsdl_slurm_worlds        the MPI world names the srun steps of this Slurm job get
+#   cotsdl_count_tasks LIST    tasks in a SLURM_TASKS_PER_NODE list ("2(x3),1" -> 7)
 #
 # Signals.  The program checkpoints on SIGUSR1 or SIGTERM received by any rank and
 # exits with 75; a *second* signal makes it exit at once, without a checkpoint.  So
@@ -341,4 +345,96 @@ cotsdl_stop_timer() {
         wait "$_cotsdl_timer" 2>/dev/null || true
         _cotsdl_timer=
     fi
+}
+
+# ---- stale shared memory of a killed start
+# MPICH (4.x, 5.x: the MPICH wheel, and the MPICH-derived MPIs that keep its shared-memory
+# code) keeps each node's shared-memory segment of an MPI world in /dev/shm/mpich_shm_<H>_<N>
+# (and mpich_vci_<H>_<N>): H is the FNV-1a hash of the world's PMI name, N the node's index in
+# the world.  The last process removes them at MPI_Finalize; a killed start (SIGKILL, a node
+# that died) leaves them.  Under srun the PMI name is JOBID.STEPID ("slurm.pmix.JOBID.STEPID"
+# with PMIx), and a requeued job counts its steps from 0 again: the next start's ranks find
+# the old segment, attach to it and fail in MPI_Init (MPIDI_POSIX_comm_bootstrap ... "Out of
+# memory").  cotsdl_clean_shm removes, before the launch, the files of the worlds it is given
+# (this job's, from cotsdl_slurm_worlds) that no live process on this node has open or
+# mapped: never another job's (other names), never a live one's (in use), only the caller's
+# own (-O).  It says what it removed; nothing when there was nothing.  COTSDL_SHM_DIR: the
+# folder (/dev/shm).  It sees the node it runs on only: the batch script's, the first node of
+# the job; jobs/README.md has a Prolog that cleans every node.  Under PBS, Hydra's mpiexec names
+# each world after its own pid: a rerun never meets a killed run's segments (they only take
+# memory, until a Prolog or Epilog removes them), so jobs/pbs/train.pbs needs no call.
+
+_cotsdl_fnv1a() {   # FNV-1a, 32 bits, in hex without leading zeros (MPICH's HASH_FNV, printed %x)
+    local s=$1 h=2166136261 i c
+    for ((i = 0; i < ${#s}; i++)); do
+        printf -v c '%d' "'${s:i:1}"
+        h=$(( ((h ^ c) * 16777619) & 0xffffffff ))
+    done
+    printf '%x\n' "$h"
+}
+
+cotsdl_slurm_worlds() {  # the PMI names of steps 0..7 of this job (the launch is the first step)
+    local s
+    [ -n "${SLURM_JOB_ID:-}" ] || return 0
+    for s in 0 1 2 3 4 5 6 7; do
+        echo "$SLURM_JOB_ID.$s" "slurm.pmix.$SLURM_JOB_ID.$s"
+    done
+}
+
+_cotsdl_in_use() {  # DIR: the files under DIR that a process on this node has open or mapped
+    # /proc/PID/maps and fd/ of processes one may not read (another user's) are skipped: their
+    # files are not one's own either, and cotsdl_clean_shm removes only its own.
+    cat /proc/[0-9]*/maps 2>/dev/null | awk -v d="$1/" 'index($6, d) == 1 {print $6}'
+    find /proc/[0-9]*/fd -maxdepth 1 -lname "$1/*" -printf '%l\n' 2>/dev/null
+    return 0
+}
+
+cotsdl_clean_shm() {
+    local dir=${COTSDL_SHM_DIR:-/dev/shm} w f h used
+    local -a found=() removed=() kept=()
+    [ -d "$dir" ] || return 0
+    for w in "$@"; do
+        h=$(_cotsdl_fnv1a "$w")
+        for f in "$dir/mpich_shm_${h}_"* "$dir/mpich_vci_${h}_"*; do
+            [ -e "$f" ] && found+=("$f")
+        done
+    done
+    [ "${#found[@]}" -gt 0 ] || return 0
+    used=$(_cotsdl_in_use "$dir" | sort -u)
+    for f in "${found[@]}"; do
+        if [ ! -O "$f" ]; then
+            kept+=("${f##*/} (another user's)")
+        elif grep -qxF -- "$f" <<< "$used"; then
+            kept+=("${f##*/} (in use by a live process)")
+        elif rm -f -- "$f"; then
+            removed+=("${f##*/}")
+        fi
+    done
+    if [ "${#removed[@]}" -gt 0 ]; then
+        cotsdl_log "removed stale MPI shared memory of this job on $(hostname) (left by a killed start;" \
+                   "no process uses it): ${removed[*]}"
+    fi
+    if [ "${#kept[@]}" -gt 0 ]; then
+        cotsdl_log "warning: MPI shared memory of this job left in place on $(hostname): ${kept[*]};" \
+                   "MPI start-up may fail on it"
+    fi
+    return 0
+}
+
+cotsdl_count_tasks() {  # SLURM_TASKS_PER_NODE ("2(x3),1") -> 7; fails on anything else
+    local total=0 part n r
+    local -a parts
+    IFS=, read -r -a parts <<< "$1"
+    [ "${#parts[@]}" -gt 0 ] || return 1
+    for part in "${parts[@]}"; do
+        if [[ $part =~ ^([0-9]+)\(x([0-9]+)\)$ ]]; then
+            n=${BASH_REMATCH[1]} r=${BASH_REMATCH[2]}
+        elif [[ $part =~ ^[0-9]+$ ]]; then
+            n=$part r=1
+        else
+            return 1
+        fi
+        total=$((total + 10#$n * 10#$r))
+    done
+    echo "$total"
 }

@@ -158,9 +158,17 @@ def test_the_calibrated_network_is_the_demo():
     the efficiencies are written from the case the demo trains, so the copy must not fall behind."""
     from pathlib import Path
 
-    from cotsdl.bench.calibrate import CASES, demo_network
+    from cotsdl.bench.calibrate import CASES, DEMO_STAGES, PAPER_STAGES, demo_network
     from cotsdl.cli import run
+    from cotsdl.nn import Network
 
-    demo = run.read(Path(__file__).resolve().parents[2] / "jobs/configs/demo.toml")
-    label, shape, batch = CASES[-1]
+    root = Path(__file__).resolve().parents[2]
+    demo = run.read(root / "jobs/configs/demo.toml")
+    label, stages, shape, batch = CASES[-1]
+    assert stages is DEMO_STAGES, label
     assert demo_network(shape).describe() == demo.network.describe() and batch == demo.data.batch, label
+    # and the paper case is the first stage of the paper's networks, at its batch
+    paper = run.read(root / "jobs/configs/paper-185m.toml")
+    label, stages, shape, batch = next(c for c in CASES if c[1] is PAPER_STAGES)
+    assert paper.network.describe()["stages"][:1] == Network.from_description(
+        {"input": list(shape), "stages": stages}).describe()["stages"] and batch == paper.data.batch, label

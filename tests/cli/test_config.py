@@ -25,7 +25,7 @@ def test_defaults_are_filled_in():
     assert cfg["train"]["schedule"]["start_factor"] == 0.0 and cfg["train"]["schedule"]["min_lr"] == 0.0
     bare = config.load(DEMO, ["train.schedule={}"])  # no schedule given: a constant learning rate
     assert bare["train"]["schedule"] == {"kind": "constant", "warmup_steps": 0, "start_factor": 0.0}
-    assert cfg["parallel"] == {"replicas": 1, "grid": "auto", "overlap": "auto"}
+    assert cfg["parallel"] == {"replicas": 1, "grid": "auto", "overlap": "auto", "reduction": "auto"}
 
 
 @pytest.mark.parametrize("text, value", [('"auto"', "auto"), ("true", True), ("false", False)])
@@ -71,6 +71,7 @@ def test_set_overrides_any_key():
     ("parallel.grid=[2]", 'parallel.grid = [2]: must be one of "auto" or a list of 2 integers >= 1'),
     ("parallel.overlap=sometimes", 'parallel.overlap = "sometimes": must be one of "auto" or true or false'),
     ("parallel.overlap=1", "parallel.overlap = 1: must be one of \"auto\" or true or false"),
+    ("parallel.reduction=tree", 'parallel.reduction = "tree": must be one of "auto", "flat", "two-level"'),
     ("parallel.replica=2", "unknown key parallel.replica; did you mean 'replicas'?"),
     ("trian.steps=3", "unknown key trian; did you mean 'train'?"),
     ("network.stages[5].filter.channels=2", "network.stages[5].filter.channels has no element [5]"),
@@ -148,6 +149,33 @@ def test_what_would_fail_later_is_rejected_when_the_config_is_read(tmp_path):
     bad.write_bytes(DEMO.read_bytes().replace(b"[data]", b"# caf\xe9\n[data]", 1))
     with pytest.raises(config.ConfigError, match=f"config {bad}: not UTF-8 text"):
         config.load(bad)
+
+
+def test_a_byte_order_mark_is_named(tmp_path):
+    """Saved "UTF-8 with BOM", a config used to be refused as "Invalid statement (at line 1, column 1)",
+    naming nothing one can see."""
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes(b"\xef\xbb\xbf" + DEMO.read_bytes())
+    with pytest.raises(config.ConfigError) as e:
+        config.load(bom)
+    assert str(e.value).startswith(f"config {bom}: starts with a UTF-8 byte-order mark (the invisible bytes EF BB BF")
+    assert "save the file as UTF-8 without a BOM" in str(e.value)
+    inside = tmp_path / "inside.toml"  # elsewhere it is a character like any other: TOML's own message
+    inside.write_bytes(DEMO.read_bytes().replace(b"[data]", b"\xef\xbb\xbf[data]", 1))
+    with pytest.raises(config.ConfigError, match=f"config {inside}: not valid TOML"):
+        config.load(inside)
+
+
+def test_a_decaying_schedule_whose_warmup_outlasts_it_is_refused():
+    """Cosine warming up for 50 steps of 5 trained every step at rate 0 and reported success."""
+    from cotsdl.cli import run
+
+    with pytest.raises(config.ConfigError) as e:
+        run.read(DEMO, ["train.steps=[5,5]", "train.schedule.total_steps=5"])
+    assert str(e.value).startswith(f"{DEMO}: train.optimizer / train.schedule: warmup_steps = 50 must be less than "
+                                   "total_steps = 5 of the cosine schedule")
+    assert "min_lr = 0" in str(e.value)
+    assert run.read(DEMO, ["train.steps=[5,5]", "train.schedule.total_steps=5", "train.schedule.warmup_steps=2"])
 
 
 def test_a_set_value_is_named_as_typed_and_floats_beyond_float32_are_refused():

@@ -120,17 +120,22 @@ def test_a_closed_pipe_ends_quietly():
 
 
 def test_every_prepare_data_command_shown_to_users_parses_with_the_source_first():
-    """The commands in the configs' comments and the README parse, and name their folder or dataset
-    before the file they write (the paper configs once had SRC and OUT swapped)."""
+    """The commands in the configs' comments, the README and every other page of documentation parse,
+    and name their folder or dataset before the file they write (the paper configs once had SRC and
+    OUT swapped)."""
     import re
     import shlex
 
     from cotsdl.cli import _parser
 
     root = Path(__file__).resolve().parents[2]
-    texts = [p.read_text() for p in sorted((root / "jobs" / "configs").glob("*.toml"))] + [(root / "README.md").read_text()]
-    commands = [m.group(1) for t in texts for m in re.finditer(r"cotsdl (prepare-data (?:folder|resize) [^\n`#|]+)", t)]
+    pages = [root / "README.md", root / "DESIGN.md"] + sorted(
+        p for folder in ("cotsdl", "cuda", "data", "jobs", "tests") for p in (root / folder).rglob("*.md"))
+    texts = [p.read_text() for p in sorted((root / "jobs" / "configs").glob("*.toml"))] + [p.read_text() for p in pages]
+    pattern = r"cotsdl (prepare-data (?:folder|resize) [^\n`#|]+)"
+    commands = [m.group(1) for t in texts for m in re.finditer(pattern, t)]
     assert len(commands) >= 6
+    assert len(re.findall(pattern, (root / "README.md").read_text())) >= 2  # the guide shows its own examples
     for cmd in commands:
         args = _parser().parse_args(shlex.split(cmd.replace("\\", "")))
         src = getattr(args, "src_folder", None) or getattr(args, "src", None)

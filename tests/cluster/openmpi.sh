@@ -8,7 +8,7 @@
 # `mpiexec --oversubscribe -n P` and an MPMD launch whose ranks disagree (it must end
 # with one message, not hang).  About 3 minutes for the build, then ~1 and ~2.5
 # minutes for 2 and 4 ranks on two cores: longer than CI's budget allows, so it is a
-# command, not a CI stage.  README "Testing" lists what differs from MPICH.
+# command, not a CI stage.  tests/README.md lists what differs from MPICH.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 log() { echo "[openmpi] $*"; }

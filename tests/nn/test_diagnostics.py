@@ -109,6 +109,25 @@ def test_cosines_and_norms():
     assert unit_norms(w0)[1, 1, 2] == 0.0
 
 
+
+def test_cosines_and_norms_in_pieces_are_the_whole_arrays_numbers(monkeypatch):
+    """Converted to float64 a few units at a time (no weight-sized copies), bit for bit the numbers of
+    the whole array at once, on a contiguous and a strided w."""
+    from cotsdl.nn import diagnostics
+
+    rng = np.random.default_rng(7)
+    big = rng.standard_normal((4, 6, 3, 3, 3, 2)).astype(np.float32)
+    for w in (big, big[:, ::2]):
+        w0 = rng.standard_normal(w.shape).astype(np.float32)
+        a = w.reshape(w.shape[:3] + (-1,)).astype(np.float64)
+        b = w0.reshape(w.shape[:3] + (-1,)).astype(np.float64)
+        den = np.sqrt((a * a).sum(-1)) * np.sqrt((b * b).sum(-1))
+        whole = np.clip(np.divide((a * b).sum(-1), den, out=np.zeros(den.shape), where=den > 0), -1, 1)
+        monkeypatch.setattr(diagnostics, "PIECE_BYTES", 5 * 18 * 8)  # 5 units a piece: pieces end mid-site
+        np.testing.assert_array_equal(cosines(w, w0), whole)
+        np.testing.assert_array_equal(unit_norms(w), np.sqrt((a * a).sum(-1)))
+        monkeypatch.undo()
+
 def test_silent_units_are_found_relative_to_the_median():
     rng = np.random.default_rng(7)
     h = rng.standard_normal((4, 5, 3, 16)) * 1e-3  # the scale does not matter

@@ -83,16 +83,18 @@ def test_step_flops_are_the_layer_costs_composed(stage):
 
 
 def test_optimizer_slots_agree_with_the_optimizers():
-    from cotsdl.planner.model import UPDATE_WORK_ARRAYS, optimizer_slots
-    from cotsdl.train.optim import OPTIMIZERS, from_config
+    """The count the planner is given (a ``RunSpec``'s, from the registry) is what each optimizer keeps."""
+    from cotsdl.planner.model import UPDATE_WORK_ARRAYS
+    from cotsdl.train.optim import OPTIMIZERS, from_config, slot_count
 
     expected = {"sgd": 0, "momentum": 1, "nesterov": 1, "adagrad": 1, "rmsprop": 1, "adam": 2, "lars": 1, "lamb": 2}
     assert set(OPTIMIZERS) == set(expected)  # a new optimizer needs its slot count checked here
     for kind in OPTIMIZERS:
-        cfg = config.validate({"data": {"file": "x.h5"}, "network": TINY, "train": {"steps": 1, "optimizer": {"kind": kind}},
-                               "run": {"folder": "r"}})
+        cfg = config.validate({"data": {"file": "x.h5"}, "network": {**TINY, "allow_crop": True},
+                               "train": {"steps": 1, "optimizer": {"kind": kind}}, "run": {"folder": "r"}})
         opt = from_config(cfg["train"]["optimizer"], cfg["train"]["schedule"])
-        assert optimizer_slots(cfg["train"]["optimizer"]) == len(opt.slots) == expected[kind], kind
+        assert slot_count(cfg["train"]["optimizer"]) == len(opt.slots) == expected[kind], kind
+        assert run.from_config(cfg, "t.toml").train.optimizer_slots == expected[kind], kind
         opt.step({"w": np.ones(3, np.float32)}, {"w": np.ones(3, np.float32)})  # the slots it really keeps
         assert sum(len(s) for s in opt.state.values()) == expected[kind], kind
         assert opt.work_arrays <= UPDATE_WORK_ARRAYS, kind  # what the memory model counts besides the slots

@@ -66,6 +66,23 @@ def test_project_norm_sets_every_unit_and_keeps_zero_filters():
     assert project_norm(w32, 2.0).dtype == np.float32
 
 
+def test_filter_norms_in_pieces_are_the_whole_arrays_norms(monkeypatch):
+    """The squares are made a few units at a time (no weight-sized array each step): each unit's norm
+    is bit for bit the one of the whole array at once, on contiguous and strided weights."""
+    from cotsdl.nn import network
+    from cotsdl.nn.network import filter_norms
+
+    rng = np.random.default_rng(3)
+    for shape in [(5, 7, 16, 18, 18, 3), (2, 3, 40, 16, 16, 1), (4, 5, 3, 7, 7, 1), (0, 3, 2, 3, 3, 1)]:
+        w = (rng.standard_normal(shape) * 1e-3).astype(np.float32)
+        for v in (w, w[:, ::2]):
+            whole = np.sqrt((v * v).sum(axis=(-3, -2, -1), keepdims=True))
+            monkeypatch.setattr(network, "SQUARES_BYTES", 1000)  # pieces of one unit and less
+            np.testing.assert_array_equal(filter_norms(v), whole)
+            monkeypatch.undo()
+            np.testing.assert_array_equal(filter_norms(v), whole)
+
+
 NET = {"input": [16, 16, 1], "stages": [
     {"filter": {"size": [5, 5], "stride": [1, 1], "channels": 4}, "pool": {"size": [2, 2], "stride": [2, 2], "eps": 0.01},
      "lcn": {"size": 3, "sigma": 1.0, "eps": 1e-3}},

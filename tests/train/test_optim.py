@@ -106,6 +106,30 @@ def test_clipping_by_global_norm():
     close(p, {k: P0[k] - g[k] * 0.5 / total for k in P0})
 
 
+@pytest.mark.parametrize("make", [lambda: optim.Momentum(0.1, clip_norm=0.5), lambda: optim.Adam(0.1, clip_norm=0.5)])
+def test_a_clipped_gradient_goes_into_a_kept_work_array(make, monkeypatch):
+    """The clipped gradient is written into a work array kept from step to step (a new weight-sized array
+    each step was page-faulted afresh), the caller's gradient is left as it was, and the squares of its
+    norm are summed a piece at a time: the update is the one of the gradient scaled by hand."""
+    monkeypatch.setattr(optim, "SQUARES_CHUNK", 3)  # pieces end inside every array
+    g = GS[0]
+    total = math.sqrt(sum(float(np.sum(v.astype(np.float64) ** 2)) for v in g.values()))
+    assert optim.sum_squares(g["a"]) == pytest.approx(float(np.sum(g["a"].astype(np.float64) ** 2)), rel=1e-12)
+    opt, ref = make(), make()
+    ref.clip_norm = None
+    p, q = ({k: v.copy() for k, v in P0.items()} for _ in range(2))
+    kept = None
+    for _ in range(2):
+        grads = {k: v.copy() for k, v in g.items()}
+        opt.step(p, grads)
+        ref.step(q, {k: v * v.dtype.type(0.5 / total) for k, v in g.items()})
+        close(p, q)
+        for k in g:
+            np.testing.assert_array_equal(grads[k], g[k])  # not scaled in place
+        work = {key: id(a) for key, a in opt._work.items() if key[1] == optim.CLIPPED}
+        assert len(work) == len(g) and (kept is None or work == kept)  # the same arrays every step
+        kept = work
+
 def test_schedules():
     assert sch.Constant(0.1)(100) == 0.1
     assert sch.StepDecay(1.0, 10, 0.5)(25) == 0.25
