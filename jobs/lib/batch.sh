@@ -177,13 +177,14 @@ cotsdl_launch() {
 # The node watch (python -m cotsdl.cli.nodewatch): a small process beside the launcher that every
 # rank connects to, so that a rank or node lost mid-run is named in the job's output even when the
 # launcher ends the job at once (Hydra: status 255).  COTSDL_NODEWATCH=0 turns it off;
-# COTSDL_NODEWATCH_HOST: the address the ranks reach this host at (default: its host name).
+# COTSDL_NODEWATCH_HOST: the address the ranks reach this host at (default: its host name);
+# COTSDL_NODEWATCH_EVENTS=FILE: every connection's end as JSON there, when the job ends.
 _cotsdl_nodewatch=
 _cotsdl_start_nodewatch() {
     [ "${COTSDL_NODEWATCH-}" != 0 ] || { unset COTSDL_NODEWATCH; return 0; }
     local ready="${TMPDIR:-/tmp}/cotsdl-nodewatch-$(_cotsdl_job_key)-$$"
     rm -f "$ready"
-    python -m cotsdl.cli.nodewatch --ready "$ready" --events "$ready.json" &
+    python -m cotsdl.cli.nodewatch --ready "$ready" ${COTSDL_NODEWATCH_EVENTS:+--events "$COTSDL_NODEWATCH_EVENTS"} &
     _cotsdl_nodewatch=$!
     local i
     for i in $(seq 50); do [ -s "$ready" ] && break; sleep 0.1; done
