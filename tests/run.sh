@@ -31,27 +31,24 @@ for P in 1 2 3 4; do
 done
 echo "== reliability suite (fault injection under mpiexec on 2 and 4 ranks)"
 python -m tests.reliability.run || status=1
+# A stage whose setup script brings something up first: its exit 77 skips the stage (it said why).
+pytest_args=("$@")
+setup_stage() {  # setup_stage NAME TESTS SCRIPT [ARGS...]
+    local name=$1 tests=$2 up=0
+    shift 2
+    bash "$@" || up=$?
+    if [ "$up" -eq 77 ]; then
+        echo "== $name skipped (the line above says why)"
+    elif [ "$up" -ne 0 ]; then
+        echo "$1 failed (status $up)" >&2
+        status=1
+    else
+        python -m pytest "$tests" -n 0 "${pytest_args[@]}" || status=1
+    fi
+}
 echo "== nodes stage (ranks on 2 simulated nodes: network namespaces on a bridge, tests/cluster/nodes-up.sh)"
-up=0
-bash tests/cluster/nodes-up.sh 2 || up=$?
-if [ "$up" -eq 77 ]; then
-    echo "== nodes stage skipped (the line above says why)"
-elif [ "$up" -ne 0 ]; then
-    echo "tests/cluster/nodes-up.sh failed (status $up)" >&2
-    status=1
-else
-    python -m pytest tests/nodes -n 0 "$@" || status=1
-fi
-echo "== cluster stage (jobs/slurm/train.sbatch on a real one-node Slurm: tests/cluster/slurm-up.sh)"
-up=0
-bash tests/cluster/slurm-up.sh || up=$?
-if [ "$up" -eq 77 ]; then
-    echo "== cluster stage skipped (the line above says why)"
-elif [ "$up" -ne 0 ]; then
-    echo "tests/cluster/slurm-up.sh failed (status $up)" >&2
-    status=1
-else
-    python -m pytest tests/cluster -n 0 "$@" || status=1
-fi
+setup_stage "nodes stage" tests/nodes tests/cluster/nodes-up.sh 2
+echo "== cluster stage (jobs/slurm/train.sbatch on a real Slurm of one node and of two: tests/cluster/slurm-up.sh)"
+setup_stage "cluster stage" tests/cluster tests/cluster/slurm-up.sh
 if [ "$status" -ne 0 ]; then echo "== FAILED" >&2; else echo "== all suites passed"; fi
 exit "$status"

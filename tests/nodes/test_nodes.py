@@ -76,6 +76,13 @@ def one_node(cfg, ranks, *train_args):
                           env={**os.environ, "MPIEXEC_TIMEOUT": "200"})
 
 
+def run_checks_on_nodes(code):
+    """Run ``code`` (Python that prints "checked" on rank 0 once its asserts passed) on 2 nodes x 2 ranks."""
+    res = subprocess.run([MPIEXEC, *on_nodes(4, 2), sys.executable, "-m", "mpi4py", "-c", code], cwd=ROOT,
+                         env=nodes_env(), capture_output=True, text=True, timeout=100)
+    assert res.returncode == 0 and "checked" in res.stdout, res.stderr[-3000:]
+
+
 def link_bytes():
     """Bytes through the nodes' links so far (their veth ends on the bridge, both ways)."""
     total = 0
@@ -163,9 +170,7 @@ def test_rank_nodes_and_placement_see_two_nodes():
             "assert layout == [('cotsdl-n1', [0, 1]), ('cotsdl-n2', [2, 3])], layout\n"
             "assert placement(nodes, 4) == (2, False) and placement(nodes, 4, replicas=2) == (2, True)\n"
             "if c.rank == 0: print('checked', flush=True)\n")
-    res = subprocess.run([MPIEXEC, *on_nodes(4, 2), sys.executable, "-m", "mpi4py", "-c", code], cwd=ROOT,
-                         env=nodes_env(), capture_output=True, text=True, timeout=100)
-    assert res.returncode == 0 and "checked" in res.stdout, res.stderr[-3000:]
+    run_checks_on_nodes(code)
 
 
 @pytest.mark.timeout(120)
@@ -187,9 +192,7 @@ def test_two_level_reduction_across_the_nodes(tmp_path):
             "dec = split_replicas(c, 2)\n"
             "assert Reduction(dec.replica_comm, 'auto').kind == 'flat'\n"
             "if c.rank == 0: print('checked', flush=True)\n")
-    res = subprocess.run([MPIEXEC, *on_nodes(4, 2), sys.executable, "-m", "mpi4py", "-c", code], cwd=ROOT,
-                         env=nodes_env(), capture_output=True, text=True, timeout=100)
-    assert res.returncode == 0 and "checked" in res.stdout, res.stderr[-3000:]
+    run_checks_on_nodes(code)
     out = tmp_path / "reduction.json"
     res = subprocess.run([MPIEXEC, *on_nodes(4, 2), sys.executable, "-m", "mpi4py", "-m", "cotsdl", "bench",
                           "reduction", "--mb", "0.01", "--rounds", "3", "--calls", "1", "--json", str(out)], cwd=ROOT,
