@@ -12,6 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=jobs/lib/batch.sh
 . jobs/lib/batch.sh
+# No scheduler signals the ranks here: a SIGTERM to this script is passed on (as the checkpoint request).
+: "${COTSDL_FORWARD_TERM:=1}"
 cotsdl_trap_signals
 
 opts=()

@@ -21,11 +21,10 @@ import numpy as np
 from mpi4py import MPI
 
 from ..array.collective import wait_idle
+from ..planner.predict import MIN_BURST
 from .exchange import pingpong
 from .sampling import interleaved_rounds, robust, rounds_for
 
-#: A burst below this is no token bucket (an unshaped link's estimate scatters around 0).
-MIN_BURST = 16 << 10
 #: The two streams' lengths, and their messages' size.
 STREAMS = (1 << 20, 4 << 20)
 STREAM_CHUNK = 64 << 10

@@ -68,7 +68,11 @@ class Watch:
     def poll(self, timeout: float) -> None:
         for key, _ in self.sel.select(timeout):
             if key.fileobj is self.server:
-                conn, addr = self.server.accept()
+                try:
+                    conn, addr = self.server.accept()
+                except OSError as e:  # out of descriptors, say: that rank goes unwatched, the rest stay
+                    self.say(f"cotsdl: node watch: cannot accept a rank's connection ({e})")
+                    continue
                 _keepalive(conn)
                 self.ranks[conn] = {"address": addr[0], "buffer": b"", "hello": None, "bye": None}
                 self.sel.register(conn, selectors.EVENT_READ)
@@ -182,6 +186,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="the address ranks reach this machine at (default: COTSDL_NODEWATCH_HOST, or the host name)")
     p.add_argument("--events", help="write every connection's end here (JSON) on exit")
     args = p.parse_args(argv)
+    try:  # one descriptor per rank: a job of thousands of ranks needs more than the usual soft limit
+        import resource  # noqa: PLC0415 - POSIX only
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass
     watch = Watch()
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))

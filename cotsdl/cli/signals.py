@@ -38,6 +38,8 @@ class PreemptionGuard:
     """
 
     def __init__(self, signals: tuple[int, ...] = SIGNALS, grace: float = 3.0):
+        #: called with the exit status just before a second signal ends the process (set by cotsdl train)
+        self.on_exit = None
         self.received: int | None = None
         self.grace = float(grace)
         self._signals = frozenset(int(s) for s in signals)
@@ -78,6 +80,11 @@ class PreemptionGuard:
             return  # the same request delivered twice (a scheduler's signal, forwarded again by srun/mpiexec)
         os.write(2, f"cotsdl: second signal {signal.Signals(signum).name}: exiting now; the last complete "
                     "checkpoint is intact\n".encode())
+        if self.on_exit is not None:  # e.g. the node watch's goodbye: a chosen end, not a lost rank
+            try:
+                self.on_exit(128 + signum)
+            except Exception:  # noqa: BLE001 - nothing may stop this exit
+                pass
         os._exit(128 + signum)
 
     def requested(self) -> bool:

@@ -229,29 +229,30 @@ def _train(spec: RunSpec, data, meta, backend_name, guard, comm, t_start, lock=N
     from .nodewatch import announce  # noqa: PLC0415
 
     herald = announce(comm.Get_rank(), comm.Get_size(), str(folder))  # where the job script runs a node watch
+    if herald is not None:
+        guard.on_exit = herald.bye  # a second signal is a chosen end, not a lost rank
 
     def abort(status: int) -> None:  # the watchdog's way out: said to the node watch first (not a lost node)
         if herald is not None:
             herald.bye(status)
         MPI.COMM_WORLD.Abort(status)
 
-    dog = None
-    if watchdog > 0:
-        from .watchdog import Watchdog  # noqa: PLC0415
-
-        dog = Watchdog(folder / ".watchdog", comm.Get_rank(), comm.Get_size(), watchdog, abort,
-                       say=lambda m: print(m, file=sys.stderr, flush=True)).start()
-
-    def should_stop() -> bool:  # after every step, on every rank
-        if dog is not None:
-            dog.progress()
-        return guard.requested()
-
-    common = dict(checkpoint_every=tc.checkpoint_every, keep=tc.keep, log_every=tc.log_every,
-                  metrics_file=str(folder / "metrics.jsonl"), max_bad_steps=tc.max_bad_steps, log=log,
-                  should_stop=should_stop, overlap=pc.overlap, reduction=pc.reduction)
-    status = 1
+    dog, status = None, 1
     try:
+        if watchdog > 0:
+            from .watchdog import Watchdog  # noqa: PLC0415
+
+            dog = Watchdog(folder / ".watchdog", comm.Get_rank(), comm.Get_size(), watchdog, abort,
+                           say=lambda m: print(m, file=sys.stderr, flush=True)).start()
+
+        def should_stop() -> bool:  # after every step, on every rank
+            if dog is not None:
+                dog.progress()
+            return guard.requested()
+
+        common = dict(checkpoint_every=tc.checkpoint_every, keep=tc.keep, log_every=tc.log_every,
+                      metrics_file=str(folder / "metrics.jsonl"), max_bad_steps=tc.max_bad_steps, log=log,
+                      should_stop=should_stop, overlap=pc.overlap, reduction=pc.reduction)
         status = _train_on(spec, data, meta, backend_name, guard, comm, t_start, log, say, common, steps, old)
         return status
     finally:

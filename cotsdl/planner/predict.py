@@ -69,8 +69,9 @@ def _wire(op: Op, counts: list, machine: dict[str, Any], nodes: np.ndarray) -> t
     return wire, across[0]
 
 
-#: A burst below this is no token bucket (machine files of unshaped links give a few KiB or 0).
-MIN_BURST = 16 << 10
+#: A burst below this is no token bucket: an unshaped link's estimate scatters around 0 (a stream's
+#: jitter moves it by tens of KiB on a fast link); the tbf buckets measured here were 61-120 KiB.
+MIN_BURST = 32 << 10
 
 
 def bucket_waits(ops: list[Op], times: list[float], sends: dict[int, float], machine: dict[str, Any],
@@ -223,13 +224,19 @@ def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] |
         if op.kind == "exchange":
             wires[i], wires_egress[i] = _wire(op, counts, machine, nodes)
             egress += wires_egress[i]
-    spans = {group: _spans(range(group), rpn), group * replicas: _spans(range(group * replicas), rpn),
-             replicas: _spans(range(0, group * replicas, group), rpn)}
+    # the nodes each reduction's ranks span: the replicas' (one rank of every model group), the whole
+    # world's, or the model group's (by the op's label first: the sizes may coincide)
+    over_replicas = _spans(range(0, group * replicas, group), rpn)
+    by_size = {group: _spans(range(group), rpn), group * replicas: _spans(range(group * replicas), rpn)}
+
+    def spanned(op: Op) -> int:
+        return over_replicas if op.label.endswith("over replicas") else by_size.get(op.group, 1)
+
     # the replicas' group of grid position 0 (world ranks 0, G, 2G, ...): flat or two levels (as trained)
     on_nodes = [k * group // rpn for k in range(replicas)]
     kind = choose_reduction(reduction, on_nodes)[0]
     levels = (max(Counter(on_nodes).values()), len(set(on_nodes))) if kind == "two-level" else None
-    per_rank = [np.broadcast_to(_op_seconds(op, machine, share, wires.get(i), spans.get(op.group, 1), levels),
+    per_rank = [np.broadcast_to(_op_seconds(op, machine, share, wires.get(i), spanned(op), levels),
                                 (len(counts[0].sent),)) for i, op in enumerate(ops)]
     times = [float(np.max(t)) for t in per_rank]
     if overlap:
@@ -242,7 +249,7 @@ def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] |
     for i, op in enumerate(ops):
         if i in wires:
             sends[i] = float(np.sum(wires_egress[i][nodes == busiest]))
-        elif op.label == "gradient over replicas" and spans.get(op.group, 1) > 1:
+        elif op.label == "gradient over replicas" and spanned(op) > 1:
             # flat: every rank of the node in a ring; two levels: each of the node's groups once, by its leader
             n, per = (op.group, 1) if levels is None else (levels[1], levels[0])
             sends[i] = float(np.max(np.asarray(op.bytes, float))) * 2 * (n - 1) / n * min(rpn, group) / per

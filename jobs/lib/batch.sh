@@ -195,6 +195,8 @@ _cotsdl_start_nodewatch() {
     else
         cotsdl_log "note: the node watch did not start; a rank or node lost mid-run will not be named"
         kill "$_cotsdl_nodewatch" 2>/dev/null || true
+        wait "$_cotsdl_nodewatch" 2>/dev/null || true
+        unset COTSDL_NODEWATCH
         _cotsdl_nodewatch=
     fi
     rm -f "$ready"

@@ -30,7 +30,7 @@ bridge=cotsdlbr0
 prefix=cotsdl-n
 
 nodes() {  # the names of the nodes that exist now, in order
-    ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${prefix}[0-9]+\$" | sort -t n -k 3 -n || true
+    ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${prefix}[0-9]+\$" | sort -t n -k 2 -n || true
 }
 
 cmd=${1:-}
@@ -61,7 +61,7 @@ case $cmd in
     shape)
         n=$prefix${2:?shape: which node (1, 2, ...)}
         rate=${3:?shape: a rate (100mbit, 1gbit) or off}
-        ip netns list | grep -qw "$n" || { log "no node $n (bash tests/cluster/nodes-up.sh N first)"; exit 1; }
+        ip netns list | grep -w "$n" >/dev/null || { log "no node $n (bash tests/cluster/nodes-up.sh N first)"; exit 1; }
         tc -n "$n" qdisc del dev eth0 root 2>/dev/null || true
         if [ "$rate" != off ]; then
             # burst: the bytes that may pass at line speed before the rate holds (one 64 KiB TSO
@@ -96,7 +96,7 @@ mkdir -p /etc/netns /run/cotsdl-nodes
 for i in $(seq "$want"); do echo "$net.$i"; done > /run/cotsdl-nodes/hosts
 for i in $(seq "$want"); do
     n=$prefix$i
-    if ! ip netns list | grep -qw "$n"; then
+    if ! ip netns list | grep -w "$n" >/dev/null; then
         ip netns add "$n" || skip "cannot make network namespaces here (ip netns add failed)"
         ip link add "cotsdl-v$i" type veth peer name eth0 netns "$n" || { ip netns del "$n"; skip "no veth pairs here"; }
         ip link set "cotsdl-v$i" master "$bridge" up

@@ -82,3 +82,13 @@ def test_a_token_bucket_in_steady_state(send, compute, want):
     m = {"node_link": {"alpha_s": 1e-6, "beta_s_per_byte": 1e-9, "sustained_bytes_per_s": 1e6, "burst_bytes": 100e3}}
     waits = bucket_waits(ops, [compute, 0.001], {1: send}, m, passes=200)
     assert waits.get(1, 0.0) == pytest.approx(want, abs=1e-6)
+
+
+def test_reductions_span_the_nodes_of_their_own_ranks(demo, machine):
+    """16 ranks, 4 to a node, 4 replicas of a 2x2 grid: each model group sits on one node (its sums
+    cross no node), each replicas' group spans all 4 nodes (its ring crosses them) -- though both
+    groups have 4 ranks."""
+    slow = {**machine, "node_link": {"alpha_s": 1.0, "beta_s_per_byte": 1e-9}}
+    p = predict_step(demo, 8, 16, (2, 2), 4, slow, ranks_per_node=4, stage=0, dtype="float32", optimizer_slots=2)
+    by = {op["label"]: op["seconds"] for op in p["ops"] if op["kind"] == "reduce"}
+    assert by["loss terms"] < 0.01 and by["gradient over replicas"] >= 1.0, by
