@@ -24,7 +24,7 @@ COTSDL_NATIVE=1 python -c "from cotsdl.ops.cpu import native; native.library()" 
 echo "== serial suite"
 # in parallel worker processes (pytest-xdist; COTSDL_TEST_WORKERS=0 runs them in this process):
 # most tests wait on subprocesses, so two workers on two cores nearly halve the wall time
-python -m pytest tests --ignore=tests/mpi --ignore=tests/cluster --ignore=tests/nodes -n "${COTSDL_TEST_WORKERS:-auto}" --dist loadgroup "$@" || status=1
+python -m pytest tests --ignore=tests/mpi --ignore=tests/cluster --ignore=tests/nodes -n "${COTSDL_TEST_WORKERS:-auto}" "$@" || status=1
 for P in 1 2 3 4; do
     echo "== multi-rank suite on $P rank(s)"
     mpiexec -n "$P" python -m mpi4py tests/mpi_pytest.py tests/mpi "$@" || status=1

@@ -1,5 +1,6 @@
 """The wheel carries every module and the CUDA sources, and an installed copy finds them."""
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -8,15 +9,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-#: One worker builds the wheel (tests/run.sh: --dist loadgroup): two builds from the same tree at once
-#: share its build/ folder and break each other.
-pytestmark = pytest.mark.xdist_group("wheel")
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
+    # from a copy of the sources: two test workers building from the checkout at once would share its
+    # build/ and *.egg-info folders and break each other
+    src = tmp_path_factory.mktemp("src") / "cotsdl"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv*", "build", "*.egg-info", "runs", "*.h5",
+                                                             "__pycache__", ".hypothesis"))
+    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(src)],
                    check=True, capture_output=True, text=True, timeout=300)
     (whl,) = out.glob("cotsdl-*.whl")
     return whl
