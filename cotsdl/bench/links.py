@@ -7,7 +7,8 @@ message sees: a token bucket (a shaped or policed link, ``tc tbf``) lets a burst
 the line rate and then the sustained rate only.  Two streams of back-to-back messages, each
 after an idle pause that refills the bucket, measure it: with ``t = (bytes - burst) / rate``
 for a stream longer than the burst, two lengths give ``sustained_bytes_per_s`` and
-``burst_bytes``.  An unshaped link gives its line rate and a burst near 0.  The ping-pong of
+``burst_bytes``, where the rounds agree on the burst (on a fast unshaped link the streams' jitter
+alone would look like one).  The ping-pong of
 a shaped link then keeps to messages within half the burst, each after a pause that gives
 back what it took, so that it measures the line and not the bucket.  Without a second rank
 on rank 0's node the link within a node is an in-process copy, labelled so.
@@ -28,6 +29,8 @@ from .sampling import interleaved_rounds, robust, rounds_for
 #: The two streams' lengths, and their messages' size.
 STREAMS = (1 << 20, 4 << 20)
 STREAM_CHUNK = 64 << 10
+#: A burst counts only where it is this many times the spread of its rounds' estimates.
+BUCKET_AGREEMENT = 2.0
 
 
 def fit_link(sizes, times) -> tuple[float, float]:
@@ -92,15 +95,21 @@ def bucket(pair: MPI.Comm, rounds: int) -> tuple[float, float, list[dict[str, fl
     """(sustained bytes/s, burst bytes, the streams' rows) of the link between the two ranks of ``pair``."""
     rows = []
     short, long_ = STREAMS
-    for _ in range(rounds):
+    for _ in range(max(3, rounds)):
         t1 = stream_seconds(pair, short, 0.2)
         # the pause refills the bucket at the rate the short stream showed (at most 2 s)
         t2 = stream_seconds(pair, long_, min(2.0, max(0.2, 2 * t1)))
-        rows.append({"short_bytes": short, "short_s": t1, "long_bytes": long_, "long_s": t2})
-    t1 = float(np.median([r["short_s"] for r in rows]))
-    t2 = float(np.median([r["long_s"] for r in rows]))
-    rate = (long_ - short) / max(t2 - t1, 1e-9)
-    burst = max(0.0, short - rate * t1)
+        r = (long_ - short) / max(t2 - t1, 1e-9)
+        rows.append({"short_bytes": short, "short_s": t1, "long_bytes": long_, "long_s": t2,
+                     "rate": r, "burst": short - r * t1})
+    rate = float(np.median([r["rate"] for r in rows]))
+    bursts = [r["burst"] for r in rows]
+    burst = float(np.median(bursts))
+    # A burst that its rounds do not agree on is the streams' jitter, not a bucket: on a fast unshaped
+    # link 1 MiB takes under a millisecond, and a tenth of one moves the estimate by 100 KiB.
+    if burst < BUCKET_AGREEMENT * (max(bursts) - min(bursts)):
+        burst = 0.0
+    burst = max(0.0, burst)
     return rate, burst, rows
 
 

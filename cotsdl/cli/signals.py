@@ -102,6 +102,10 @@ class PreemptionGuard:
             os.write(self._wfd, b"\0")  # the thread's cue to end
         except BlockingIOError:  # a pipe full of unread signals: the thread is behind, and a daemon
             pass
-        self._thread.join(1.0)
+        self._thread.join(5.0)
+        if self._thread.is_alive():
+            # Never close a pipe the thread may still read: the numbers would be reused by the next open
+            # file, and the thread would take that file's bytes for signals (and could end the process).
+            return
         os.close(self._wfd)
         os.close(self._rfd)
