@@ -96,3 +96,29 @@ def final_weights(run):
             h.visititems(lambda name, obj: out.__setitem__((f.name, name), obj[()])
                          if isinstance(obj, h5py.Dataset) and name.startswith("w/") else None)
     return ckpts[-1].name, out
+
+
+#: The slurm.conf that tests/cluster/slurm-up.sh writes, and the line that marks it as its own.
+SLURM_CONF = Path("/etc/slurm/slurm.conf")
+SLURM_MARKER = "# written by cotsdl tests/cluster/slurm-up.sh"
+
+
+def slurm_job(job_id):
+    """scontrol's fields of a job (JobState, Restarts, ExitCode, NodeList, ...)."""
+    import subprocess  # noqa: PLC0415
+
+    out = subprocess.run(["scontrol", "show", "job", str(job_id)], capture_output=True, text=True).stdout
+    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+
+def wait_for(cond, what, timeout=120, every=0.5):
+    """``cond()``'s first true value, polled every ``every`` seconds; AssertionError after ``timeout``."""
+    import time  # noqa: PLC0415
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = cond()
+        if got:
+            return got
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -12,18 +12,16 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from cotsdl.io.dataset import write_dataset
-from testkit import final_weights, tiny_config
+from testkit import SLURM_CONF, SLURM_MARKER, final_weights, slurm_job, tiny_config, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-CONF = Path("/etc/slurm/slurm.conf")
-MARKER = "# written by cotsdl tests/cluster/slurm-up.sh"
+CONF, MARKER = SLURM_CONF, SLURM_MARKER
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 
 
@@ -38,20 +36,7 @@ pytestmark = [pytest.mark.skipif(_cluster_problem() is not None, reason=str(_clu
               pytest.mark.timeout(300)]
 
 
-def job(job_id):
-    """scontrol's fields of a job (JobState, Restarts, ExitCode, ...)."""
-    out = subprocess.run(["scontrol", "show", "job", str(job_id)], capture_output=True, text=True).stdout
-    return dict(f.split("=", 1) for f in out.split() if "=" in f)
-
-
-def wait(cond, what, timeout=120):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+job, wait = slurm_job, wait_for
 
 
 def submit(tmp, cfg, *sbatch_opts, env=None):

@@ -34,11 +34,10 @@ import numpy as np
 import pytest
 
 from cotsdl.io.dataset import write_dataset
-from testkit import final_weights, tiny_config
+from testkit import SLURM_CONF, SLURM_MARKER, final_weights, slurm_job, tiny_config, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-CONF = Path("/etc/slurm/slurm.conf")
-MARKER = "# written by cotsdl tests/cluster/slurm-up.sh"
+CONF, MARKER = SLURM_CONF, SLURM_MARKER
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 NODES = {"cotsdl-n3": 3, "cotsdl-n4": 4}
 #: Steps per stage (two stages).  A job must still train when its signal (sent at its first
@@ -75,20 +74,11 @@ pytestmark = [pytest.mark.skipif(_cluster_problem() is not None, reason=str(_clu
 needs_nodes = pytest.mark.skipif(_nodes_problem() is not None, reason=str(_nodes_problem()))
 
 
-def job(job_id):
-    """scontrol's fields of a job (JobState, Restarts, NodeList, ...)."""
-    out = sh("scontrol", "show", "job", str(job_id), check=False)
-    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+job = slurm_job
 
 
 def wait(cond, what, timeout=150):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_for(cond, what, timeout, every=0.25)
 
 
 def finished(job_id):
