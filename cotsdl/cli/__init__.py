@@ -145,6 +145,16 @@ def _main(argv: list[str] | None) -> int:
     from ..ops.cpu.allocator import tune_allocator  # noqa: PLC0415
 
     tune_allocator()  # a training process reuses its freed arrays (no page faults every step)
+    guard = None
+    if args.command == "train":
+        # Before the held signals are delivered: a scheduler's SIGUSR1 that came while the ranks
+        # started is then a checkpoint request like any other (every rank stops at the first step
+        # with 75, and the job requeues) instead of this handler's exit 138, which under
+        # ``python -m mpi4py`` aborted the job, so that a time-limit warning ended it unrequeued.
+        from . import train  # noqa: PLC0415
+        from .signals import PreemptionGuard  # noqa: PLC0415
+
+        guard = PreemptionGuard()
     _unblock()  # the imports are done: a stop signal held until now takes effect here
     try:
         if args.command == "plan":
@@ -164,9 +174,7 @@ def _main(argv: list[str] | None) -> int:
 
             return inspect_cmd.run(args)
         if args.command == "train":
-            from . import train  # noqa: PLC0415
-
-            return _agreed_exit(train.run(args))  # every rank returns the same status
+            return _agreed_exit(train.run(args, guard))  # every rank returns the same status
         if args.command == "info":
             return _info()
         if args.command == "check-kernels":

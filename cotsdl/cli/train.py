@@ -85,9 +85,13 @@ def _agreed(err: str | OSError | None) -> None:
         raise agreed(OSError(str(err)) if isinstance(err, OSError) else ValueError(err))
 
 
-def run(args) -> int:
-    """Run a parsed ``train`` command on every rank; returns the exit status (the same on every rank)."""
-    guard = PreemptionGuard()  # from the start: a signal during setup stops at the first step, checkpointed
+def run(args, guard: PreemptionGuard | None = None) -> int:
+    """Run a parsed ``train`` command on every rank; returns the exit status (the same on every rank).
+
+    ``guard``: the signal guard, installed by the caller before any stop signal could be delivered
+    (``cotsdl.cli.main`` does); made here otherwise.  It is restored on return either way."""
+    if guard is None:
+        guard = PreemptionGuard()  # from the start: a signal during setup stops at the first step, checkpointed
     try:
         return _run(args, guard)
     finally:

@@ -162,6 +162,33 @@ def test_sigusr1_checkpoints_exits_75_and_resumes_bitwise(setup):
         assert np.array_equal(a[k], b[k]), f"{k} differs after the interruption"
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("ranks_signalled", ["0", "0 1"])
+def test_a_sigusr1_while_the_ranks_start_is_a_checkpoint_request(setup, ranks_signalled):
+    """Slurm's time-limit warning can land while the ranks still import: it must stop every rank at the
+    first step with 75 (requeue), not end the signalled rank with 138 and MPI_Abort (a job not requeued).
+    Each rank listed gets the signal held and pending from before its interpreter starts, so it is
+    delivered at the first moment cotsdl lets a signal in."""
+    tmp, make = setup
+    cfg = make("early.toml", run=tmp / "early", steps=20, every=1000)
+    wrapper = textwrap.dedent(f"""
+        import os, signal, sys
+        if os.environ.get("PMI_RANK", "0") in {ranks_signalled.split()!r}:
+            signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+            os.kill(os.getpid(), signal.SIGUSR1)  # pending, and kept so across exec
+        os.execv(sys.executable, [sys.executable, "-m", "mpi4py", "-m", "cotsdl", "train", {str(cfg)!r}])
+    """)
+    env = {**os.environ, "MPIEXEC_TIMEOUT": "200"}
+    res = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-c", wrapper], capture_output=True, text=True,
+                         timeout=230, env=env)
+    assert res.returncode == 75, res.stdout[-2000:] + res.stderr[-3000:]
+    assert "stopped by SIGUSR1 at global step " in res.stdout and "Abort" not in res.stderr, res.stderr[-3000:]
+    stopped = int(res.stdout.split("stopped by SIGUSR1 at global step ")[1].split(";")[0])
+    assert stopped <= 1 and (tmp / "early" / "checkpoints" / f"ckpt-{stopped:09d}" / "index.json").exists()
+    resumed = cotsdl("train", str(cfg))
+    assert resumed.returncode == 0, resumed.stderr
+
+
 def test_a_second_signal_exits_at_once():
     code = textwrap.dedent("""
         import os, signal, time
