@@ -179,6 +179,8 @@ class ExchangePlan:
         #: Bytes this rank handed to MPI sends, counted at each send, over all calls.
         self.total_bytes_sent = 0
         self.calls = 0
+        #: Messages this rank posted (sends and receives) over all calls: what a step pays latency for.
+        self.messages = 0
         #: Wall seconds spent inside this plan's exchanges (start and wait), over all calls.
         self.seconds = 0.0
         self._in_flight: set[str] = set()
@@ -312,6 +314,7 @@ class ExchangePlan:
         reqs += sends
         self.total_bytes_sent += nbytes
         self.calls += 1
+        self.messages += len(out.transfers) + len(inc.transfers)
         self._in_flight.add(direction)
         mine = self._copy_self(route, src, dst, add, zero)  # while the messages travel
         if mine is _IN_PLACE:  # a sum whose own part already lies in place: nothing to clear or add

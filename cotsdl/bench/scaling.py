@@ -58,27 +58,39 @@ def _steps(sub: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], b
 
     trainers = {ov: trainer(sub, ov, dims) for ov in overlaps}
     one = trainer(MPI.COMM_SELF, False, (1, 1)) if alone else None
+    return timed_rounds(sub, trainers, stage, steps, warmup, rounds, one)
+
+
+def timed_rounds(sub: MPI.Comm, trainers: dict[Any, GreedyTrainer], stage: int, steps: int, warmup: int,
+                 rounds: int, one: GreedyTrainer | None = None) -> dict[Any, dict]:
+    """Time ``steps`` training steps of ``stage`` of every trainer (by setting), in ``rounds`` interleaved
+    rounds (ABBA...); per setting the median step (each step the slowest rank's), its exchange time and
+    halo messages, each round's median (``round_s``), and with ``one`` (a one-rank trainer on every rank
+    of ``sub``) the same rounds' steps of one rank alone (``alone_round_s``)."""
+    keys = list(trainers)
     for tr in (*trainers.values(), one):
         if warmup and tr is not None:
             tr.train_stage(stage, warmup)
-    sec: dict[bool, list[float]] = {ov: [] for ov in overlaps}
-    ex: dict[bool, list[float]] = {ov: [] for ov in overlaps}
-    per_round: dict[bool, list[float]] = {ov: [] for ov in overlaps}
+    sec: dict[Any, list[float]] = {k: [] for k in keys}
+    ex: dict[Any, list[float]] = {k: [] for k in keys}
+    msgs: dict[Any, list[int]] = {k: [] for k in keys}
+    per_round: dict[Any, list[float]] = {k: [] for k in keys}
     single: list[float] = []
-    for k in range(rounds):
-        n = steps // rounds + (k < steps % rounds)
-        for ov in (overlaps if k % 2 == 0 else overlaps[::-1]):
-            recs = trainers[ov].train_stage(stage, n)
-            t = allreduce(sub, np.array([r["seconds"] for r in recs]), MPI.MAX)
-            sec[ov] += t.tolist()
-            ex[ov] += [r["exchange_seconds"] for r in recs]  # already the slowest rank's
-            per_round[ov].append(float(np.median(t)))
+    for r in range(rounds):
+        n = steps // rounds + (r < steps % rounds)
+        for k in (keys if r % 2 == 0 else keys[::-1]):
+            recs = trainers[k].train_stage(stage, n)
+            t = allreduce(sub, np.array([rec["seconds"] for rec in recs]), MPI.MAX)
+            sec[k] += t.tolist()
+            ex[k] += [rec["exchange_seconds"] for rec in recs]  # already the slowest rank's
+            msgs[k] += [rec["halo_messages"] for rec in recs]
+            per_round[k].append(float(np.median(t)))
         if one is not None:
-            mine = np.median([r["seconds"] for r in one.train_stage(stage, n)])
+            mine = np.median([rec["seconds"] for rec in one.train_stage(stage, n)])
             single.append(float(np.median(sub.allgather(float(mine)))))
-    return {ov: {"step_s": float(np.median(sec[ov])), "exchange_s": float(np.median(ex[ov])),
-                 "steps": len(sec[ov]), "round_s": per_round[ov], "alone_round_s": single or None,
-                 "loss": float(trainers[ov].history[-1]["loss"])} for ov in overlaps}
+    return {k: {"step_s": float(np.median(sec[k])), "exchange_s": float(np.median(ex[k])),
+                "halo_messages": int(np.median(msgs[k])), "steps": len(sec[k]), "round_s": per_round[k],
+                "alone_round_s": single or None, "loss": float(trainers[k].history[-1]["loss"])} for k in keys}
 
 
 def _core_efficiency(m: dict[str, Any]) -> dict[str, Any] | None:

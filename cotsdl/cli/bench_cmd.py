@@ -67,6 +67,19 @@ def add_parser(sub) -> None:
                                                              "\"auto\" decides with it (default: ./machine.json "
                                                              "if there is one, as cotsdl train)")
     sc.add_argument("--json", metavar="FILE", help="write the results as JSON (rank 0)")
+    fu = bsub.add_parser("fuse", help="one halo exchange per pool and LCN (parallel.fuse) against one per layer, "
+                                      "in one run: step time, messages, prediction, break-even latency "
+                                      "(run under mpiexec -n P)")
+    fu.add_argument("config", help="a training config (TOML); its network and batch are used")
+    fu.add_argument("--stage", type=int, help="the stage whose step is timed: the stages below it are fused "
+                                              "(default: the top stage)")
+    fu.add_argument("--steps", type=int, default=12, help="timed steps per setting (default 12)")
+    fu.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    fu.add_argument("--rounds", type=int, default=6, help="interleaved rounds (default 6)")
+    fu.add_argument("--overlap", choices=["on", "off"], default="off", help="halo/compute overlap (default off)")
+    fu.add_argument("--machine", metavar="FILE|PRESET",
+                    help="also the planner's prediction of both and its break-even latency on this machine")
+    fu.add_argument("--json", metavar="FILE", help="write the results as JSON (rank 0)")
     rd = bsub.add_parser("reduction", help="the replicas' gradient sum, flat vs two-level (parallel.reduction), "
                                            "alternating in one run (run under mpiexec -n P, P ranks on nodes)")
     rd.add_argument("--replicas", type=int, nargs="+", metavar="R",
@@ -103,7 +116,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"exchange": _exchange, "emulator": _emulator, "layers": _layers, "scaling": _scaling,
+    return {"exchange": _exchange, "emulator": _emulator, "layers": _layers, "scaling": _scaling, "fuse": _fuse,
             "calibrate": _calibrate, "reduction": _reduction, "reader": _reader}[args.bench](args)
 
 
@@ -204,6 +217,68 @@ def _scaling(args) -> int:
                                 "auto": ("auto",)}[args.overlap],
                       predict=predict, decide=decide, lam=tc.lam, tied=tc.tied, seed=tc.seed, dtype=tc.dtype)
     res["config"], res["machine"], res["load_warning"] = str(args.config), args.machine, warning
+    if args.json and comm.Get_rank() == 0:
+        common.write_json(args.json, res)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _fuse(args) -> int:
+    from mpi4py import MPI  # noqa: PLC0415
+
+    from ..array.collective import agree, raise_collectively  # noqa: PLC0415
+    from ..array.grid import placement, rank_nodes  # noqa: PLC0415
+    from ..bench import common, fuse  # noqa: PLC0415
+    from . import run as run_spec  # noqa: PLC0415
+    from .train import setup_backend  # noqa: PLC0415
+
+    comm = MPI.COMM_WORLD  # the program's world: the library itself always takes a communicator
+    agree(comm, config=args.config, steps=args.steps, warmup=args.warmup, rounds=args.rounds, stage=args.stage,
+          overlap=args.overlap, machine=args.machine, json=args.json)
+    spec = run_spec.read_agreed(comm, args.config)
+    network, tc = spec.network, spec.train
+    stage = len(network.stages) - 1 if args.stage is None else args.stage
+    err = common.check_output_path(args.json) if comm.Get_rank() == 0 else None
+    if err is None and not (args.steps >= 1 and args.warmup >= 0 and args.rounds >= 1):
+        err = f"need --steps >= 1, --warmup >= 0, --rounds >= 1; got {args.steps}, {args.warmup}, {args.rounds}"
+    elif err is None and not 1 <= stage < len(network.stages):
+        err = (f"--stage must be in [1, {len(network.stages)}) for {args.config} (the stages below it are fused), "
+               f"got {stage}")
+    machine = None
+    if err is None and args.machine:
+        try:
+            from .. import planner  # noqa: PLC0415
+
+            machine = planner.load_machine(args.machine)
+        except ValueError as e:  # every rank reads the same file: one agreed message
+            err = str(e)
+    raise_collectively(comm, err)
+    setup_backend(spec, comm)
+    per_node, together = placement(rank_nodes(comm), comm.Get_size(), 1)  # (collective)
+    predict = None
+    if machine is not None:
+        from .. import planner  # noqa: PLC0415
+
+        def predict_on(m, fused):
+            return planner.predict_step(network, spec.global_batch, comm.Get_size(), None, 1, m, stage=stage,
+                                        dtype=tc.dtype.name, optimizer_slots=tc.optimizer_slots,
+                                        ranks_per_node=per_node, tied=tc.tied, overlap=args.overlap == "on",
+                                        fuse=fused)
+
+        def predict(fused):
+            return predict_on(machine, fused)
+    res = fuse.run(comm, network, tc.make_optimizer, batch=spec.global_batch, stage=stage, steps=args.steps,
+                   warmup=args.warmup, rounds=args.rounds, overlap=args.overlap == "on", predict=predict,
+                   lam=tc.lam, tied=tc.tied, seed=tc.seed, dtype=tc.dtype)
+    if machine is not None and comm.Get_rank() == 0:
+        be = fuse.break_even(predict_on, machine, tuple(range(stage)), across=not together)
+        res["break_even"] = be
+        alpha = be["break_even_alpha_s"]
+        print(f"planner on {machine['name']}: fusing would win above {alpha * 1e6:.1f} us per message on its "
+              f"{be['link']} (now {be['alpha_s'] * 1e6:.1f} us)" if alpha and not be["wins_now"] else
+              f"planner on {machine['name']}: fusing wins already" if be["wins_now"] else
+              f"planner on {machine['name']}: fusing saves no message here; no latency makes it win")
+    res["config"], res["machine"] = str(args.config), args.machine
     if args.json and comm.Get_rank() == 0:
         common.write_json(args.json, res)
         print(f"wrote {args.json}")

@@ -105,6 +105,12 @@ def odd_size(off: bool = False) -> Callable[[Any], str | None]:
     return check
 
 
+def stage_list(v: Any) -> str | None:
+    """A list of stage indices (integers >= 0; checked against the network later)."""
+    ok = isinstance(v, list) and all(_is_int(x) and x >= 0 for x in v)
+    return None if ok else "must be a list of stage indices (integers >= 0)"
+
+
 def either(*checks: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
     def check(v):
         errs = [c(v) for c in checks]
@@ -162,6 +168,10 @@ SCHEMA: dict[str, Any] = {
                  "overlap": Key(either(choice("auto"), boolean), "auto",
                                 "compute interiors while halos travel (same results); \"auto\": where the run "
                                 "planner predicts a gain (cotsdl.planner.overlap)"),
+                 "fuse": Key(either(choice("auto", "on", "off"), stage_list), "auto",
+                             "stages whose pool and LCN share one halo exchange (the pooled border computed "
+                             "twice; the same results): \"auto\": where the run planner predicts a gain "
+                             "(cotsdl.planner.fuse), \"on\", \"off\" or a list of stages"),
                  "reduction": Key(choice(*REDUCTIONS), "auto", "how replicas sum their gradients: " + "; ".join(
                      f"{k}: {v}" for k, v in REDUCTIONS.items()))},
     "train": {"steps": Key(per_stage(integer(0), "an integer >= 0"), None, "steps per stage (or epochs)"),

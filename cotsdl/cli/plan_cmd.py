@@ -36,6 +36,8 @@ def add_parser(sub) -> None:
                     "(default: this if ./machine.json exists, else gtx680-fdr)")
     sp.add_argument("--stage", type=int, help="only this stage (default: every stage)")
     sp.add_argument("--ranks-per-node", type=int, help="ranks per node (default: one per GPU, or per core)")
+    sp.add_argument("--fuse", choices=["on", "off", "auto"],
+                    help="one halo exchange for each stage's pool and LCN (default: the config's parallel.fuse)")
     sp.add_argument("--overlap", choices=["on", "off", "auto"],
                     help="halo/compute overlap; auto: on where the model predicts a gain on the machine "
                          "(default: the config's parallel.overlap, auto unless set)")
@@ -135,6 +137,20 @@ def _overlap(args, spec, net, batch, ranks, grid, reps, machine, stages, kw) -> 
     return {"setting": "auto", "source": source, **choice.as_dict()}
 
 
+def _fuse(args, spec, net, batch, ranks, grid, reps, machine, kw) -> dict[str, Any]:
+    """The stages whose pool and LCN share one exchange: the config's (or --fuse), or what "auto" chooses."""
+    from ..planner.fuse import choose_fuse, resolve  # noqa: PLC0415
+
+    setting = args.fuse or spec.parallel.fuse
+    fixed = resolve(setting, len(net.stages))
+    if fixed is not None:
+        why = f"--fuse {args.fuse}" if args.fuse else "set in the config"
+        return {"setting": setting, "stages": list(fixed), "reason": why}
+    choice = choose_fuse(net, batch, ranks, grid, reps, machine, **kw)
+    return {"setting": "auto", "stages": list(choice.stages), "reason": choice.describe(),
+            "seconds": [list(s) if s else None for s in choice.seconds]}
+
+
 def _overlap_text(ov: dict[str, Any]) -> str:
     """``on (auto: <why>)`` or ``off (set in the config)``."""
     return f"{'on' if ov['on'] else 'off'} ({'auto: ' if ov['setting'] == 'auto' else ''}{ov['reason']})"
@@ -163,8 +179,9 @@ def _single(args, machine) -> dict[str, Any]:
     stages = _stages(args, net)
     ov = _overlap(args, spec, net, batch, ranks, grid, reps, machine, stages, kw)
     kw["overlap"] = ov["on"]
-    preds = [predict_step(net, batch, ranks, grid, reps, machine, stage=k, reduction=spec.parallel.reduction, **kw)
-             for k in stages]
+    fu = _fuse(args, spec, net, batch, ranks, grid, reps, machine, kw)
+    preds = [predict_step(net, batch, ranks, grid, reps, machine, stage=k, reduction=spec.parallel.reduction,
+                          fuse=fu["stages"], **kw) for k in stages]
     p0 = preds[0]
     print(f"plan: {path}: {net!r}")
     print(f"  {ranks} rank(s) = {reps} replica(s) x grid {p0['grid'][0]}x{p0['grid'][1]}; batch {batch} per replica; "
@@ -175,6 +192,8 @@ def _single(args, machine) -> dict[str, Any]:
     if warning:
         print(f"  {warning}")
     print(f"  overlap {_overlap_text(ov)}")
+    print(f"  pool and LCN fused (one exchange) in stage(s) {', '.join(map(str, fu['stages'])) or 'none'} "
+          f"({'auto: ' if fu['setting'] == 'auto' else ''}{fu['reason']})")
     print(f"\n  {'layer':<9}{'out shape (H,W,C)':>20}{'params':>15}{'params/rank':>14}{'weights MiB/rank':>18}")
     for lay in p0["layers"]:
         print(f"  {lay['index']:>2} {lay['kind'] + str(lay['stage']):<6}{str(tuple(lay['out_shape'][:3])):>20}"
@@ -223,7 +242,7 @@ def _single(args, machine) -> dict[str, Any]:
                     f"--ranks {fit['ranks']}")
         print("  fewest ranks that fit: " + (f"{fit['ranks']}" if fit else "none") + f" (of {machine['name']})")
         error = (error or "does not fit") + more
-    return {"config": path, "machine": machine, "load_warning": warning, "overlap": ov, "predictions": preds,
+    return {"config": path, "machine": machine, "load_warning": warning, "overlap": ov, "fuse": fu, "predictions": preds,
             "suggestions": sugg, "error": error, "fits_on": fit}
 
 

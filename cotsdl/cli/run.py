@@ -44,6 +44,8 @@ class ParallelSpec:
     grid: tuple[int, int] | None
     overlap: bool | str
     reduction: str = "auto"
+    #: ``parallel.fuse``: "auto", "on", "off" or stage indices (:mod:`cotsdl.planner.fuse`)
+    fuse: Any = "auto"
 
     def error(self, ranks: int, source: str) -> str | None:
         """Why this layout does not fit ``ranks`` ranks (None: it does)."""
@@ -135,7 +137,7 @@ def from_config(cfg: dict[str, Any], source: str) -> RunSpec:
     except ValueError as e:
         raise cfgmod.ConfigError(f"{source}: train.optimizer / train.schedule: {e}") from None
     parallel = ParallelSpec(pc["replicas"], None if pc["grid"] == "auto" else tuple(pc["grid"]), pc["overlap"],
-                            pc["reduction"])
+                            pc["reduction"], pc["fuse"])
     return RunSpec(str(source), cfg, network, data, train, parallel, Path(rc["folder"]), rc["backend"], rc["threads"])
 
 

@@ -52,6 +52,41 @@ def layout(network: Network, dims: Sequence[int], coords: Sequence[int], batch: 
     return input_owned, rows
 
 
+def fused_pool(pool: LayerBoxes, lcn: LayerBoxes) -> LayerBoxes:
+    """The pool of a stage whose pool and LCN share one exchange (``fuse``): the pool's boxes grown
+    to every pooled output the LCN's window reads.
+
+    Per layer, a rank pools its own sites, then receives the LCN's halo of pooled outputs from its
+    neighbours.  Fused, it receives the pool's input once, on the window the grown sites read, and
+    computes the pooled border itself (the same per-unit arithmetic as its owner: the same bits), so
+    the LCN reads its window without an exchange.  ``pool`` and ``lcn`` are one rank's boxes of a
+    stage's pool and LCN (:func:`layout`); the result has the pool's index, layer, shapes and owned
+    input, and the grown sites, output box and input window.
+    """
+    if lcn.index != pool.index + 1 or pool.layer.kind != "pool" or lcn.layer.kind != "lcn":
+        raise ValueError(f"layers {pool.index} and {lcn.index} are not a stage's pool and LCN")
+    if lcn.out.is_empty:  # a rank without pixels: nothing to pool, no halo to take
+        return pool
+    win = lcn.window  # pooled outputs the LCN reads: every channel and image (the pool's block is 1x1)
+    sites = Box(win.lo[:2], win.hi[:2])
+    out = site_output_box(pool.layer, sites, pool.out_shape)
+    if out != win:
+        raise AssertionError(f"layer {lcn.index}: the LCN window {win} is not a pooled box {out}")
+    return LayerBoxes(pool.index, pool.layer, pool.in_shape, pool.out_shape, pool.src_owned,
+                      pool.layer.rf.input_box(out, pool.in_shape), out, sites)
+
+
+def fuse_rows(rows: list[LayerBoxes], stages: Sequence[int], roles: Sequence[tuple[int, str]]) -> list[LayerBoxes]:
+    """``rows`` (one rank's :func:`layout`) with the pool of every stage in ``stages`` grown by
+    :func:`fused_pool`; the LCN rows stay (their window is now filled without an exchange)."""
+    fused = set(int(s) for s in stages)
+    out = list(rows)
+    for i, (stage, kind) in enumerate(roles):
+        if kind == "pool" and stage in fused:
+            out[i] = fused_pool(rows[i], rows[i + 1])
+    return out
+
+
 def split_sites(layer: Any, in_shape: Sequence[int], sites: Box, ready: Box) -> tuple[Box, list[Box]]:
     """The sites of ``sites`` (2-D) whose inputs lie inside ``ready`` (4-D; the part of the input
     window a rank holds before any halo arrives), and the border strips that cover the rest.

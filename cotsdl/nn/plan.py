@@ -27,7 +27,7 @@ from ..array.distarray import DistArray
 from ..array.exchange import ExchangePlan
 from ..array.grid import ProcessGrid
 from .layers import Context
-from .layout import LayerBoxes, interior_pieces, layout, split_sites, site_output_box
+from .layout import LayerBoxes, fused_pool, interior_pieces, layout, split_sites, site_output_box
 from .network import Network, init_weights
 
 
@@ -38,6 +38,8 @@ class LayerPlan(LayerBoxes):
     exchange: ExchangePlan | None = None
     #: (interior sites, border strips) when the forward overlaps its exchange, else None
     split: tuple[Box, list[Box]] | None = None
+    #: the key of the layer's scratch arrays in ``NetworkPlan.workspaces`` (a fused pool has its own)
+    key: Any = None
 
 
 @dataclass
@@ -48,6 +50,8 @@ class Tape:
     outputs: list[np.ndarray]  # each layer's owned output
     caches: list[Any]
     first: int = 0
+    #: the pools computed fused with their LCN (their input and output are the grown boxes)
+    fused: frozenset = frozenset()
 
     @property
     def layers(self) -> range:
@@ -65,29 +69,41 @@ class NetworkPlan:
     """
 
     def __init__(self, network: Network, grid: ProcessGrid, batch: int, dtype: Any = np.float32,
-                 overlap: bool = True):
+                 overlap: bool = True, fuse: Sequence[int] = ()):
         if not isinstance(batch, (int, np.integer)) or batch < 1:
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
         self.network, self.grid, self.batch, self.dtype = network, grid, int(batch), np.dtype(dtype)
         self.overlap = bool(overlap)
+        self.fuse = check_fuse(fuse, len(network.stages))
         self._travelling: list[Any] = []  # exchanges whose messages travel while ``_join`` runs other work
         self.input_owned, boxes = layout(network, grid.dims, grid.coords, self.batch)
-        self.layers: list[LayerPlan] = []
-        for lb in boxes:
-            ex = ExchangePlan(grid.comm, lb.in_shape, lb.src_owned, lb.window, self.dtype)
-            split = None
-            if lb.layer.kind in ("filter", "pool") and ex.messages_received:  # LCN's per-image mean is global
-                inner, strips = split_sites(lb.layer, lb.in_shape, lb.sites, ex.self_box)
-                split = (inner, strips) if not inner.is_empty else None
-            self.layers.append(LayerPlan(**{f.name: getattr(lb, f.name) for f in fields(lb)}, exchange=ex, split=split))
+        self.layers: list[LayerPlan] = [self._layer_plan(lb) for lb in boxes]
+        #: pool index -> its fused twin (grown boxes, one exchange for pool and LCN), for stages in ``fuse``
+        self.fused: dict[int, LayerPlan] = {
+            p: self._layer_plan(fused_pool(boxes[p], boxes[p + 1]), key=("fused", p))
+            for p in (network.layer_index(k, "pool") for k in self.fuse)}
         self.output_owned = boxes[-1].out
         self.output_shape = boxes[-1].out_shape
         # Each layer's scratch (gathers, per-chunk products) kept from step to step, and inside
         # step() its results and windows too: without them a script pays page faults on them
         # every step unless the process's allocator was tuned.
         self.outputs = ops.Outputs()
-        self.workspaces = {lp.index: ops.Workspace(self.outputs) for lp in self.layers}
+        self.workspaces = {lp.key: ops.Workspace(self.outputs) for lp in self.layers + list(self.fused.values())}
         self._buffers: dict[Any, Any] = {}
+
+    def _layer_plan(self, lb: LayerBoxes, key: Any = None) -> LayerPlan:
+        """A layer's boxes with the exchange that fills its window (collective: every rank makes it)."""
+        ex = ExchangePlan(self.grid.comm, lb.in_shape, lb.src_owned, lb.window, self.dtype)
+        split = None
+        if lb.layer.kind in ("filter", "pool") and ex.messages_received:  # LCN's per-image mean is global
+            inner, strips = split_sites(lb.layer, lb.in_shape, lb.sites, ex.self_box)
+            split = (inner, strips) if not inner.is_empty else None
+        return LayerPlan(**{f.name: getattr(lb, f.name) for f in fields(lb)}, exchange=ex, split=split,
+                         key=lb.index if key is None else key)
+
+    def exchanges(self) -> list[ExchangePlan]:
+        """Every exchange plan of the network: each layer's, and each fused pool's."""
+        return [lp.exchange for lp in self.layers] + [lp.exchange for lp in self.fused.values()]
 
     # -- parameters -----------------------------------------------------------
     def init_params(self, seed: int = 0, norms: Sequence[float | None] | None = None) -> dict[int, np.ndarray]:
@@ -142,7 +158,7 @@ class NetworkPlan:
     def context(self, lp: LayerPlan, params: dict[int, np.ndarray] | None) -> Context:
         """The boxes, group reduction and weights a layer computes with on this rank."""
         return Context(lp.in_shape, lp.window, lp.out, self._allreduce,
-                       None if params is None else params.get(lp.index), self.workspaces[lp.index])
+                       None if params is None else params.get(lp.index), self.workspaces[lp.key])
 
     # -- the two halves of a layer's communication --------------------------------
     def _fill_window(self, lp: LayerPlan, x: DistArray) -> Any:
@@ -194,15 +210,24 @@ class NetworkPlan:
         """
         run = self._layers(start, upto)
         tape = Tape([], [], [], first=start)
+        stop = start + len(run)
+        fused = frozenset(p for p in self.fused if start <= p and p + 1 < stop)  # the run holds pool and LCN
+        tape.fused = fused
         cur = x
         for lp in run:
-            xwin, y, cache = self._forward_layer(lp, cur, params)
-            if y.dtype != self.dtype or y.shape != lp.out.shape:  # numpy 2 promotes silently
-                raise AssertionError(f"layer {lp.index} produced {y.dtype} {y.shape}, expected {self.dtype} {lp.out.shape}")
+            if lp.index - 1 in fused:  # the LCN of a fused pool: its window is the pool's grown output
+                xwin = tape.outputs[-1]
+                y, cache = lp.layer.forward_local(xwin, self.context(lp, params))
+            else:
+                xwin, y, cache = self._forward_layer(self.fused.get(lp.index, lp) if lp.index in fused else lp,
+                                                     cur, params)
+            box = self.fused[lp.index].out if lp.index in fused else lp.out
+            if y.dtype != self.dtype or y.shape != box.shape:  # numpy 2 promotes silently
+                raise AssertionError(f"layer {lp.index} produced {y.dtype} {y.shape}, expected {self.dtype} {box.shape}")
             tape.inputs.append(xwin)
             tape.outputs.append(y)
             tape.caches.append(cache)
-            cur = DistArray(cur.comm, lp.out_shape, lp.out, lp.out, data=y)
+            cur = DistArray(x.comm, lp.out_shape, lp.out, lp.out, data=y) if lp.index not in fused else None
         return cur, tape
 
     def _forward_layer(self, lp: LayerPlan, x: DistArray, params: dict[int, Any] | None) -> tuple[Any, Any, Any]:
@@ -234,7 +259,7 @@ class NetworkPlan:
         if lp.layer.kind == "filter":  # this rank's weights are indexed by its own sites
             w = params[lp.index][sites.slices_in(lp.sites)]
         part, _ = lp.layer.forward_local(xwin[inp.slices_in(lp.window)],
-                                         Context(lp.in_shape, inp, out, self._allreduce, w, self.workspaces[lp.index]))
+                                         Context(lp.in_shape, inp, out, self._allreduce, w, self.workspaces[lp.key]))
         y[out.slices_in(lp.out)] = part
 
     def backward(self, dy: DistArray, tape: Tape, params: dict[int, np.ndarray], *, input_grad: bool = True,
@@ -265,6 +290,14 @@ class NetworkPlan:
             lp, k = self.layers[i], i - tape.first
             need = input_grad or i > tape.first
             extra = meanwhile if i == tape.first else None
+            if i - 1 in tape.fused:  # an LCN whose pool was fused: its window gradient feeds the pool here
+                dwin, _ = lp.layer.backward_local(cur.data, tape.inputs[k], tape.outputs[k], tape.caches[k],
+                                                  self.context(lp, params))
+                cur = dwin  # (no exchange: the pool's backward below takes it on the grown box)
+                continue
+            if i in tape.fused:  # the partial sums of every rank's grown pool go to their owners once
+                lp = self.fused[i]
+                cur = DistArray(dy.comm, lp.out_shape, lp.out, lp.out, data=cur)
             ctx = self.context(lp, params)
             if lp.layer.kind == "filter":
                 owners = pending = None
@@ -323,4 +356,20 @@ class NetworkPlan:
             rows.append(f"  {lp.index:2d} {lp.layer.kind:6s} in {lp.in_shape} -> out {lp.out_shape}; owned {lp.out}; "
                         f"window {lp.window}; {c['forward'].flops / 1e9:.3f} GFLOP fwd (whole layer); "
                         f"halo in {lp.exchange.bytes_received} B")
+            if lp.index in self.fused:
+                fp = self.fused[lp.index]
+                rows.append(f"     fused with its LCN (one exchange): pools {fp.out} from window {fp.window}; "
+                            f"halo in {fp.exchange.bytes_received} B, the LCN's none")
         return "\n".join(rows)
+
+
+def check_fuse(fuse: Sequence[int], stages: int) -> tuple[int, ...]:
+    """The stages whose pool and LCN share one exchange, checked: distinct stage indices of the network."""
+    try:
+        out = tuple(sorted({int(k) for k in fuse}))
+    except (TypeError, ValueError):
+        raise ValueError(f"fuse must be a list of stage indices, got {fuse!r}") from None
+    bad = [k for k in out if not 0 <= k < stages]
+    if bad or any(isinstance(k, bool) for k in fuse):
+        raise ValueError(f"fuse: stage {bad[0] if bad else fuse!r} is not a stage of the network (0..{stages - 1})")
+    return out

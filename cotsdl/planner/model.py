@@ -15,7 +15,7 @@ import numpy as np
 
 from ..array.messages import transfers
 from ..array.partition import grid_coords
-from ..nn.layout import interior_pieces, layout, split_sites
+from ..nn.layout import fuse_rows, interior_pieces, layout, split_sites
 from ..nn.network import Network
 from ..ops.cuda.filter import by_sites, sites_rows
 
@@ -79,21 +79,27 @@ class LayerCounts:
     #: per rank, {peer: (bytes sent to it, bytes received from it, messages sent, messages received)} of one
     #: forward exchange (peers other than the rank): which cross nodes depends on the ranks per node
     peers: list = field(default_factory=list)
+    #: False for the LCN of a fused stage: its window is its pool's output, no exchange fills it
+    exchanged: bool = True
     name: str = field(init=False)
 
     def __post_init__(self) -> None:
         self.name = f"{self.kind}{self.stage}"
 
 
-def layer_counts(network: Network, batch: int, dims: Sequence[int], itemsize: int = 4) -> list[LayerCounts]:
+def layer_counts(network: Network, batch: int, dims: Sequence[int], itemsize: int = 4,
+                 fuse: Sequence[int] = ()) -> list[LayerCounts]:
     """Every layer's counts on every rank of a ``dims`` grid for minibatches of ``batch`` images.
 
     FLOPs of a rank's pass are the whole layer's times the share of units it owns (FLOPs
     are linear in units); its bytes are the layer's cost evaluated on the rank's input
-    window and owned output (what the local pass reads and writes).
+    window and owned output (what the local pass reads and writes).  ``fuse``: stages whose pool
+    and LCN share one exchange (``NetworkPlan(fuse=...)``): their pool counts the grown boxes
+    (its one exchange, the pooled border it computes as well), their LCN no exchange.
     """
     coords = list(grid_coords(tuple(int(d) for d in dims)))
-    rows = [layout(network, dims, c, batch)[1] for c in coords]
+    rows = [fuse_rows(layout(network, dims, c, batch)[1], fuse, network.roles) for c in coords]
+    unexchanged = {network.layer_index(k, "lcn") for k in fuse}  # their window is their pool's output
     G = len(coords)
     out = []
     for li, layer in enumerate(network.layers):
@@ -109,7 +115,7 @@ def layer_counts(network: Network, batch: int, dims: Sequence[int], itemsize: in
         gpu_by_sites = wshape is not None and by_sites(*layer.stride, first.in_shape[2])
         peers: list[dict[int, tuple[int, int, int, int]]] = []
         for r in range(G):
-            s, rc = transfers(r, owned, windows)
+            s, rc = ([], []) if li in unexchanged else transfers(r, owned, windows)  # (its pool's output)
             mine_peers: dict[int, list[int]] = {}
             for way, ts in ((0, s), (1, rc)):
                 for t in ts:
@@ -123,14 +129,14 @@ def layer_counts(network: Network, batch: int, dims: Sequence[int], itemsize: in
             local[r] = sum(t.box.size for t in s if t.peer == r) * itemsize
             ms[r], mr[r] = sum(t.peer != r for t in s), sum(t.peer != r for t in rc)
             lb = rows[r][li]
-            copied[r] = 0 if lb.window_is_owned else local[r]
+            copied[r] = 0 if lb.window_is_owned or li in unexchanged else local[r]
             if layer.kind in ("filter", "pool") and mr[r]:  # as NetworkPlan splits a layer
                 inner, rest = split_sites(layer, lb.in_shape, lb.sites, owned[r] & windows[r])
                 # the calls beyond one: the border strips, and the interior's pieces after the first
                 strips[r] = 0 if inner.is_empty else len(rest) + len(interior_pieces(inner)) - 1
             if lb.out.is_empty:
                 continue
-            share = lb.sites.size / units
+            share = lb.sites.size / units  # (a fused pool's grown sites: the border it computes twice)
             mine = layer.cost(lb.window.shape, itemsize)
             for p, c in whole.items():
                 passes[p][0][r], passes[p][1][r] = c.flops * share, mine[p].bytes
@@ -143,7 +149,7 @@ def layer_counts(network: Network, batch: int, dims: Sequence[int], itemsize: in
                                math.prod(wshape) if wshape else 0, prank, passes,
                                np.array([b.size for b in owned], float), np.array([b.size for b in windows], float),
                                np.array([r[li].out.size for r in rows], float), sent, recv, local, ms, mr, strips,
-                               copied, scratch, peers))
+                               copied, scratch, peers, li not in unexchanged))
     return out
 
 
@@ -205,7 +211,10 @@ def step_ops(network: Network, counts: list[LayerCounts], stage: int, batch: int
     elementwise(counts[0].src_elems, READ_WORDS, "the next minibatch read and converted (beside the step)", 0)
     # (1) the frozen stages below: forward only
     for li in range(f):
-        comp(li, "forward", "stage input: forward", ex(li, "forward", "stage input: exchange"))
+        if not counts[li].exchanged:  # a fused stage's LCN: its pool's exchange filled its window
+            comp(li, "forward", "stage input: forward (fused: no exchange)")
+        else:
+            comp(li, "forward", "stage input: forward", ex(li, "forward", "stage input: exchange"))
         if counts[li].kind == "lcn":
             reduce(G, batch * itemsize, "LCN per-image mean")
     # (2) the objective

@@ -42,13 +42,15 @@ from .reduction import choose as choose_reduction
 _COUNTS_CACHE: dict[tuple, list] = {}
 
 
-def counts_for(network: Network, batch: int, dims: Sequence[int], itemsize: int):
-    """:func:`layer_counts`, remembered per (network, batch, grid, itemsize): machines do not change them."""
-    key = (repr(network.describe()), int(batch), tuple(int(d) for d in dims), int(itemsize))
+def counts_for(network: Network, batch: int, dims: Sequence[int], itemsize: int, fuse: Sequence[int] = ()):
+    """:func:`layer_counts`, remembered per (network, batch, grid, itemsize, fused stages): machines do
+    not change them."""
+    fuse = tuple(sorted(int(k) for k in fuse))
+    key = (repr(network.describe()), int(batch), tuple(int(d) for d in dims), int(itemsize), fuse)
     if key not in _COUNTS_CACHE:
         if len(_COUNTS_CACHE) > 64:
             _COUNTS_CACHE.clear()
-        _COUNTS_CACHE[key] = layer_counts(network, batch, dims, itemsize)
+        _COUNTS_CACHE[key] = layer_counts(network, batch, dims, itemsize, fuse)
     return _COUNTS_CACHE[key]
 
 
@@ -176,7 +178,7 @@ def _overlapped(ops: list[Op], per_rank: list[np.ndarray], times: list[float], c
 def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] | None, replicas: int,
                  machine: dict[str, Any], stage: int = 0, dtype: str = "float32", optimizer_slots: int = 2,
                  ranks_per_node: int | None = None, tied: bool = True, overlap: bool = False,
-                 reduction: str = "auto") -> dict[str, Any]:
+                 reduction: str = "auto", fuse: Sequence[int] = ()) -> dict[str, Any]:
     """Predicted time and memory of one training step of ``stage``.
 
     Parameters
@@ -193,6 +195,9 @@ def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] |
     reduction : "auto", "flat" or "two-level"
         ``parallel.reduction``: the replicas' gradient sum is predicted as the one it chooses for
         the replicas' group of the first grid position (``result["reduction"]``).
+    fuse : stage indices
+        ``parallel.fuse``: stages whose pool and LCN share one exchange (``NetworkPlan(fuse=...)``);
+        a step fuses those below ``stage`` (its frozen forward), ``result["fuse"]``.
 
     Returns
     -------
@@ -215,7 +220,8 @@ def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] |
     itemsize = np.dtype(dtype).itemsize
     rpn = int(ranks_per_node) if ranks_per_node else default_ranks_per_node(machine, ranks)
     share = rank_share(machine, rpn)
-    counts = counts_for(network, batch, dims, itemsize)
+    fuse = tuple(sorted(int(k) for k in fuse if int(k) < int(stage)))  # the training stage's pool runs alone
+    counts = counts_for(network, batch, dims, itemsize, fuse)
     ops = step_ops(network, counts, stage, batch, replicas, itemsize, optimizer_slots, tied)
     # where the ranks are: the model group's ranks 0..G-1 (replica 0) packed rpn to a node
     nodes = np.arange(group) // rpn
@@ -287,6 +293,7 @@ def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] |
     return {
         "machine": machine["name"], "stage": int(stage), "ranks": ranks, "replicas": replicas, "grid": list(dims),
         "batch": batch, "dtype": np.dtype(dtype).name, "ranks_per_node": rpn, "overlap": bool(overlap),
+        "fuse": list(fuse),
         "reduction": kind,
         "seconds": tot["compute"] + tot["exchange"] + tot["reduce"], "compute_s": tot["compute"],
         "exchange_s": tot["exchange"], "reduce_s": tot["reduce"],

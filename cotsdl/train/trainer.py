@@ -89,6 +89,11 @@ class GreedyTrainer:
         ``"auto"``: where the run planner predicts a gain on this machine (its calibration
         ``./machine.json``, else a rule: on where halos cross nodes), decided once on rank 0 for
         this grid (:func:`cotsdl.planner.overlap.choose_overlap`); ``overlap_reason`` says why.
+    fuse : "auto", "on", "off" or stage indices
+        Stages whose pool and LCN share one halo exchange, each rank pooling the border its LCN
+        reads (``NetworkPlan(fuse=...)``): a training step's forward is the same bit for bit.
+        ``"auto"``: where the run planner predicts a gain on this machine (without a calibration:
+        none), decided once on rank 0 (:func:`cotsdl.planner.fuse.choose_fuse`); ``fuse_reason`` says why.
     reduction : "auto", "flat" or "two-level"
         How the replicas sum their gradients (:data:`cotsdl.train.allreduce.REDUCTIONS`; equal
         results, within a float sum's rounding); ``reduction_reason`` says which and why.
@@ -114,8 +119,14 @@ class GreedyTrainer:
                  checkpoint_every: int = 0, keep: int = 3, log_every: int = 10, metrics_file: str | None = None,
                  max_bad_steps: int = 5, log=sys.stdout, should_stop: Callable[[], bool] | None = None,
                  overwrite: bool = False, overlap: bool | str = True, reduction: str = "auto",
-                 filter_norm: float | Sequence[float | None] | None = None):
-        err = None
+                 filter_norm: float | Sequence[float | None] | None = None, fuse: Any = ()):
+        from ..planner.fuse import resolve as resolve_fuse  # noqa: PLC0415
+
+        err = fuse_err = None
+        try:
+            fixed_fuse = resolve_fuse(list(fuse) if isinstance(fuse, tuple) else fuse, len(network.stages))
+        except ValueError as e:
+            fuse_err, fixed_fuse = str(e), ()
         norms, norm_err = stage_norms(filter_norm, network)
         if tuple(getattr(data, "image_shape", ())) != network.input_shape:
             err = f"the data's images are {getattr(data, 'image_shape', None)}, the network takes {network.input_shape}"
@@ -127,6 +138,8 @@ class GreedyTrainer:
             err = f"lam must be >= 0, got {lam!r}"
         elif norm_err:
             err = norm_err
+        elif fuse_err:
+            err = fuse_err
         elif not (isinstance(overlap, (bool, np.bool_)) or (isinstance(overlap, str) and overlap == "auto")):
             err = f'overlap must be True, False or "auto", got {overlap!r}'
         elif allreduce.setting_error(reduction):
@@ -153,6 +166,7 @@ class GreedyTrainer:
               dtype=np.dtype(dtype).name, checkpoint_dir=checkpoint_dir, checkpoint_every=int(checkpoint_every),
               keep=int(keep), max_bad_steps=int(max_bad_steps), overwrite=bool(overwrite),
               overlap=overlap if isinstance(overlap, str) else bool(overlap), reduction=reduction,
+              fuse="auto" if fixed_fuse is None else list(fixed_fuse),
               filter_norm=norms, optimizer=(type(optimizer).__name__, schedules.describe(optimizer.schedule), optimizer.hyper()),
               data=(tuple(data.image_shape), len(data) if hasattr(data, "__len__") else None,
                     getattr(data, "seed", None)))
@@ -170,7 +184,14 @@ class GreedyTrainer:
         if isinstance(overlap, str):
             choice = self._auto_overlap(network, int(batch), replicas, np.dtype(dtype), tied, len(optimizer.slots))
             overlap, self.overlap_reason = choice.on, choice.reason
-        self.plan = NetworkPlan(network, self.decomposition.grid, int(batch), dtype, overlap=bool(overlap))
+        #: why ``fuse="auto"`` chose what it did (None: the stages were given)
+        self.fuse_reason: str | None = None
+        if fixed_fuse is None:
+            choice = self._auto_fuse(network, int(batch), replicas, np.dtype(dtype), tied, len(optimizer.slots),
+                                     bool(overlap))
+            fixed_fuse, self.fuse_reason = choice.stages, choice.describe()
+        self.plan = NetworkPlan(network, self.decomposition.grid, int(batch), dtype, overlap=bool(overlap),
+                                fuse=fixed_fuse)
         self.batch, self.replicas, self.lam, self.tied, self.seed = int(batch), int(replicas), float(lam), tied, int(seed)
         # With the cuda backend the weights, the optimizer state and the images live on the GPU.
         self.xp = backend.xp()
@@ -217,6 +238,28 @@ class GreedyTrainer:
                 err = (f'overlap = "auto": the run planner failed ({type(e).__name__}: {e}); give overlap=True or '
                        'False (parallel.overlap = true or false)')
         wait_idle(self.world)  # the others sleep: polling in a blocking call would take the cores rank 0 measures
+        raise_collectively(self.world, err, RuntimeError)
+        return self.world.bcast(choice, root=0)
+
+    def _auto_fuse(self, network: Network, batch: int, replicas: int, dtype: np.dtype, tied: bool, slots: int,
+                   overlap: bool):
+        """``fuse="auto"``: decided on rank 0 with the machine ``overlap="auto"`` uses, and broadcast
+        (collective)."""
+        from ..array.grid import placement, rank_nodes  # noqa: PLC0415
+        from ..planner.fuse import choose_fuse  # noqa: PLC0415
+        from ..planner.overlap import model_machine  # noqa: PLC0415
+
+        per_node, _ = placement(rank_nodes(self.world), self.world.Get_size(), replicas)  # (collective)
+        choice, err = None, None
+        if self.world.Get_rank() == 0:
+            try:
+                machine, why = model_machine()
+                choice = choose_fuse(network, batch, self.world.Get_size(), self.decomposition.grid.dims, replicas,
+                                     machine, no_machine=why, dtype=dtype.name, optimizer_slots=slots,
+                                     ranks_per_node=per_node, tied=bool(tied), overlap=overlap)
+            except Exception as e:  # noqa: BLE001 - reported on every rank below
+                err = (f'fuse = "auto": the run planner failed ({type(e).__name__}: {e}); give the stages '
+                       '(parallel.fuse = "off", "on" or a list)')
         raise_collectively(self.world, err, RuntimeError)
         return self.world.bcast(choice, root=0)
 
@@ -278,7 +321,8 @@ class GreedyTrainer:
 
     def _train_step(self, stage: int, objective: StageObjective, last: bool = False) -> dict[str, Any]:
         t0 = time.perf_counter()
-        ex0 = sum(lp.exchange.seconds for lp in self.plan.layers)
+        ex0 = sum(e.seconds for e in self.plan.exchanges())
+        msgs0 = sum(e.messages for e in self.plan.exchanges())
         li = self.filter_layers[stage]
         # The step's activations, windows and sums in memory lent by the plan for this step (the
         # gradients are the plan's buffers): the same memory every step, whatever malloc does.
@@ -335,13 +379,15 @@ class GreedyTrainer:
         self.stage_step += 1
         self.step += 1
         dt = time.perf_counter() - t0
-        ex = sum(lp.exchange.seconds for lp in self.plan.layers) - ex0
-        ex, wait = (float(v) for v in collective.allreduce(self.world, np.array([ex, self._read_wait]), MPI.MAX))
+        ex = sum(e.seconds for e in self.plan.exchanges()) - ex0
+        msgs = sum(e.messages for e in self.plan.exchanges()) - msgs0  # halo messages posted (sends + receives)
+        ex, wait, msgs = (float(v) for v in collective.allreduce(self.world, np.array([ex, self._read_wait, msgs]),
+                                                                  MPI.MAX))
         return {"step": self.step, "stage": stage, "stage_step": self.stage_step, "loss": float(losses[0]),
                 "reconstruction": float(losses[1]), "sparsity": float(losses[2]),
                 "recon_rel": float(losses[1] / losses[3]) if losses[3] > 0 else float("nan"),
                 "pooled": float(losses[4]), "skipped": not finite,
-                "seconds": dt, "exchange_seconds": ex, "read_wait_seconds": wait,
+                "seconds": dt, "exchange_seconds": ex, "read_wait_seconds": wait, "halo_messages": int(msgs),
                 "images_per_s": self.batch * self.replicas / dt,
                 "lr": lr}
 

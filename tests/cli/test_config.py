@@ -25,7 +25,19 @@ def test_defaults_are_filled_in():
     assert cfg["train"]["schedule"]["start_factor"] == 0.0 and cfg["train"]["schedule"]["min_lr"] == 0.0
     bare = config.load(DEMO, ["train.schedule={}"])  # no schedule given: a constant learning rate
     assert bare["train"]["schedule"] == {"kind": "constant", "warmup_steps": 0, "start_factor": 0.0}
-    assert cfg["parallel"] == {"replicas": 1, "grid": "auto", "overlap": "auto", "reduction": "auto"}
+    assert cfg["parallel"] == {"replicas": 1, "grid": "auto", "overlap": "auto", "reduction": "auto", "fuse": "auto"}
+
+
+@pytest.mark.parametrize("text, value", [('"auto"', "auto"), ('"on"', "on"), ("off", "off"), ("[0]", [0]),
+                                         ("[]", [])])
+def test_fuse_is_auto_on_off_or_stages(text, value):
+    assert config.load(DEMO, [f"parallel.fuse={text}"])["parallel"]["fuse"] == value
+
+
+@pytest.mark.parametrize("text", ["true", "[-1]", '"some"', "[0.5]"])
+def test_a_bad_fuse_names_the_key_and_the_value(text):
+    with pytest.raises(config.ConfigError, match=r"parallel\.fuse.*must be one of"):
+        config.load(DEMO, [f"parallel.fuse={text}"])
 
 
 @pytest.mark.parametrize("text, value", [('"auto"', "auto"), ("true", True), ("false", False)])

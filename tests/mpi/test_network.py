@@ -11,11 +11,11 @@ from netcases import network
 BATCH = 3
 
 
-def run(comm, dims, dtype, seed=0, overlap=True):
+def run(comm, dims, dtype, seed=0, overlap=True, fuse=()):
     """Forward + backward on ``comm``; returns gathered (y, dx, {layer: dw}, {layer: w}) on rank 0."""
     net = network()
     grid = ProcessGrid(comm, dims)
-    plan = NetworkPlan(net, grid, BATCH, dtype, overlap=overlap)
+    plan = NetworkPlan(net, grid, BATCH, dtype, overlap=overlap, fuse=fuse)
     rng = np.random.default_rng(seed)  # the same images and output weights on every rank
     images = rng.standard_normal(net.input_shape + (BATCH,)).astype(dtype)
     r = rng.standard_normal(plan.output_shape).astype(dtype)
@@ -67,6 +67,46 @@ def test_overlap_changes_no_bit(comm, dims, dtype):
         assert sorted(on) == sorted(off)
         for key in on:
             np.testing.assert_array_equal(on[key], off[key], err_msg=f"{key} on grid {dims}")
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("dims", grids())
+def test_one_exchange_for_pool_and_lcn_equals_one_each(comm, dims, overlap):
+    """Every stage's pool and LCN fused (one exchange, the pooled border computed where it is read):
+    the forward is the same bit for bit (the same per-unit arithmetic), the backward the same within
+    float rounding (every rank's partial sums meet in a different order), on every grid."""
+    fused = run(comm, dims, np.float64, overlap=overlap, fuse=(0, 1, 2))
+    plain = run(comm, dims, np.float64, overlap=overlap)
+    if comm.Get_rank() != 0:
+        return
+    assert sorted(fused) == sorted(plain)
+    np.testing.assert_array_equal(fused["y"], plain["y"], err_msg=f"forward on grid {dims}")
+    for key in fused:
+        np.testing.assert_allclose(fused[key], plain[key], rtol=1e-12, atol=1e-12 * np.abs(plain[key]).max(),
+                                   err_msg=f"{key} on grid {dims}")
+
+
+def test_a_fused_stage_exchanges_once_where_its_pool_and_lcn_took_two(comm):
+    """Messages of a fused pool + LCN forward: the LCN receives none; the pool's one exchange carries
+    what the two did (on a grid that splits the rows, so that both have halos)."""
+    net = network()
+    dims = (comm.Get_size(), 1)
+    grid = ProcessGrid(comm, dims)
+    plain, fused = NetworkPlan(net, grid, BATCH, np.float32), NetworkPlan(net, grid, BATCH, np.float32, fuse=[0])
+    p, lcn = net.layer_index(0, "pool"), net.layer_index(0, "lcn")
+    assert fused.fused[p].window.contains(plain.layers[p].window) and fused.fused[p].out.contains(plain.layers[p].out)
+    assert fused.fused[p].src_owned == plain.layers[p].src_owned
+    if comm.Get_size() > 1:  # the LCN's halo came in messages of its own; fused it rides on the pool's
+        assert comm.allreduce(plain.layers[lcn].exchange.messages_received) > 0
+        got = comm.allreduce(fused.fused[p].exchange.bytes_received)
+        assert got >= comm.allreduce(plain.layers[p].exchange.bytes_received)
+    x = fused.input_array(np.ones(fused.input_owned.shape, np.float32))
+    before = [e.messages for e in fused.exchanges()]
+    fused.forward(x, fused.init_params(0))
+    calls = {id(e): m1 - m0 for e, m0, m1 in zip(fused.exchanges(), before, [e.messages for e in fused.exchanges()])}
+    assert calls[id(fused.layers[lcn].exchange)] == 0  # the fused LCN posted no message
+    assert fused.describe().count("fused") == 1
+    grid.free()
 
 
 def test_overlap_splits_where_halos_travel(comm):

@@ -43,3 +43,28 @@ def test_planner_counts_equal_the_plan(comm, dims, dtype, make):
         if lp.layer.kind == "filter":
             assert c.params_rank[r] == real.init_params(0)[lp.index].size
     grid.free()
+
+
+@pytest.mark.parametrize("make", [network, demo], ids=["uneven", "demo"])
+@pytest.mark.parametrize("dims", grids())
+def test_planner_counts_of_a_fused_stage_equal_the_plan(comm, dims, make):
+    """With every stage's pool and LCN fused: the pool's counts are its fused exchange's and grown boxes',
+    the LCN's exchange counts nothing."""
+    net, batch = make(), 3
+    grid = ProcessGrid(comm, dims)
+    fuse = tuple(range(len(net.stages)))
+    real = NetworkPlan(net, grid, batch, np.float32, fuse=fuse)
+    counts = layer_counts(net, batch, dims, 4, fuse)
+    r = grid.rank
+    for lp, c in zip(real.layers, counts):
+        if lp.layer.kind == "lcn":
+            assert (c.sent[r], c.received[r], c.msgs_sent[r], c.msgs_received[r], c.copied[r]) == (0, 0, 0, 0, 0)
+            continue
+        lp = real.fused.get(lp.index, lp)
+        ex = lp.exchange
+        got = (c.sent[r], c.received[r], c.msgs_sent[r], c.msgs_received[r], c.local[r])
+        want = (ex.bytes_sent, ex.bytes_received, ex.messages_sent, ex.messages_received, ex.bytes_local)
+        assert got == want, f"layer {lp.index} ({lp.layer.kind}) on rank {r} of grid {dims}"
+        assert c.window_elems[r] == lp.window.size and c.out_elems[r] == lp.out.size
+        assert c.strips[r] == (len(lp.split[1]) + len(interior_pieces(lp.split[0])) - 1 if lp.split else 0)
+    grid.free()

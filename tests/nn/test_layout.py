@@ -74,3 +74,44 @@ def test_interior_pieces_tile_the_interior_in_row_order(lo0, lo1, rows, cols, pi
     assert all(a.hi[0] == b.lo[0] for a, b in zip(got, got[1:]))  # in order, no gap, no overlap
     if got:
         assert got[0].lo[0] == lo0 and got[-1].hi[0] == lo0 + rows
+
+
+@st.composite
+def stages(draw):
+    """One stage (filter -> pool -> LCN) on a random input, grid and rank."""
+    from cotsdl.nn.layers import LCN
+    from cotsdl.nn.network import Network, Stage
+
+    pr = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    ps = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    stage = Stage(LocalFilter((draw(st.integers(1, 3)),) * 2, (1, 1), 2), L2Pool(pr, ps, 0.1),
+                  LCN(draw(st.sampled_from([1, 3, 5])), 1.0))
+    H, W = draw(st.integers(8, 30)), draw(st.integers(8, 30))
+    net = Network((H, W, 1), [stage])
+    dims = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    return net, dims
+
+
+@settings(max_examples=300, deadline=None)
+@given(stages())
+def test_a_fused_pool_pools_every_pixel_its_lcn_reads_and_tiles_the_ranks(case):
+    """The grown pool: the same layer and owned input, an output box that is exactly the LCN's window,
+    sites and window that contain the per-layer ones; and over all ranks the LCN windows are covered."""
+    from cotsdl.nn.layout import fused_pool, fuse_rows, layout
+
+    net, dims = case
+    for i in range(dims[0]):
+        for j in range(dims[1]):
+            rows = layout(net, dims, (i, j), 2)[1]
+            pool, lcn = rows[1], rows[2]
+            grown = fused_pool(pool, lcn)
+            assert fuse_rows(rows, [0], net.roles)[1] == grown and fuse_rows(rows, [], net.roles) == rows
+            assert (grown.index, grown.layer, grown.src_owned, grown.in_shape) == (
+                pool.index, pool.layer, pool.src_owned, pool.in_shape)
+            if lcn.out.is_empty:
+                assert grown == pool
+                continue
+            assert grown.out == lcn.window and grown.out.contains(pool.out)
+            assert grown.sites.contains(pool.sites) and grown.window.contains(pool.window)
+            assert grown.window == pool.layer.rf.input_box(grown.out, pool.in_shape)
+            assert Box((0, 0, 0, 0), pool.in_shape).contains(grown.window)

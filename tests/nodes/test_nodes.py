@@ -147,14 +147,19 @@ def test_two_nodes_train_bitwise_like_one(setup, per_node):
     assert crossed > 200_000, f"only {crossed} bytes crossed the nodes' links"
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 def test_the_exchange_tests_pass_with_the_grid_split_across_nodes():
-    """tests/mpi/test_exchange.py (forward, adjoint, split-phase, replica groups) on 2 nodes x 1 and x 2."""
+    """tests/mpi/test_exchange.py (forward, adjoint, split-phase, replica groups), and one exchange for a
+    stage's pool and LCN against one each (tests/mpi/test_network.py, test_fuse_train.py: equal results,
+    fused training bit for bit), on 2 nodes x 1 and x 2."""
     for ranks, per_node in ((2, 1), (4, 2)):
         res = subprocess.run([MPIEXEC, *on_nodes(ranks, per_node), sys.executable, "-m", "mpi4py",
                               str(ROOT / "tests" / "mpi_pytest.py"), str(ROOT / "tests" / "mpi" / "test_exchange.py"),
+                              str(ROOT / "tests" / "mpi" / "test_network.py"),
+                              str(ROOT / "tests" / "mpi" / "test_fuse_train.py"),
+                              "-k", "not test_network or one_exchange or fused_stage or fused_training",
                               "-q", "-p", "no:cacheprovider"],
-                             cwd=ROOT, env=nodes_env(), capture_output=True, text=True, timeout=280)
+                             cwd=ROOT, env=nodes_env(), capture_output=True, text=True, timeout=380)
         assert res.returncode == 0, (ranks, res.stdout[-3000:], res.stderr[-3000:])
         assert " passed" in res.stdout and " failed" not in res.stdout, res.stdout[-2000:]
 

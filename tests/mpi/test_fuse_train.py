@@ -1,0 +1,66 @@
+"""``GreedyTrainer(fuse=...)``: a stage's pool and LCN on one exchange train bit for bit like one each, and
+``fuse="auto"`` decides on rank 0 for every rank.
+
+Run: mpiexec -n P python -m mpi4py tests/mpi_pytest.py tests/mpi -k fuse  (P = 1..4)
+"""
+import json
+import os
+import tempfile
+
+import numpy as np
+
+from cotsdl.array import DistArray, gather
+from cotsdl.nn import Network
+from cotsdl.planner import PRESETS
+from cotsdl.train import GreedyTrainer, InMemorySource, Momentum
+from helpers import P, all_same
+
+DESC = {"input": [15, 13, 1], "stages": [
+    {"filter": {"size": [3, 3], "stride": [1, 1], "channels": 2}, "pool": {"size": [3, 3], "stride": [1, 1], "eps": 0.01},
+     "lcn": {"size": 3, "sigma": 1.0, "eps": 1e-3}},
+    {"filter": {"size": [3, 3], "stride": [1, 1], "channels": 2}, "pool": {"size": [2, 2], "stride": [1, 1], "eps": 0.01},
+     "lcn": {"size": 3, "sigma": 1.0, "eps": 1e-3}}]}
+#: messages cost 1 s each and bytes nothing: one exchange fewer always wins
+LATENCY_BOUND = {**PRESETS["gtx680-fdr"], "name": "latency-bound",
+                 "link": {"alpha_s": 1.0, "beta_s_per_byte": 1e-15}}
+
+
+def _train(comm, fuse, steps=3):
+    imgs = np.random.default_rng(0).standard_normal((12, 15, 13, 1))
+    tr = GreedyTrainer(Network.from_description(DESC), InMemorySource(imgs), Momentum(0.01), comm=comm, batch=3,
+                       grid=(P, 1), log_every=0, overlap=False, fuse=fuse)
+    tr.train([steps, steps])
+    out = {}
+    for i in tr.plan.network.filter_layers():
+        shape, box = tr.plan.weight_box(i)
+        out[i] = gather(DistArray(comm, shape, box, box, data=np.asarray(tr.params[i])))
+    losses = [h["loss"] for h in tr.history]
+    tr.decomposition.free()
+    return out, losses, tr
+
+
+def test_fused_training_is_bitwise_the_per_layer_training(comm):
+    (a, la, ta), (b, lb, tb) = _train(comm, "off"), _train(comm, "on")
+    assert tb.plan.fuse == (0, 1) and ta.plan.fuse == ()
+    assert la == lb
+    if comm.Get_rank() == 0:
+        for i in a:
+            np.testing.assert_array_equal(a[i], b[i], err_msg=f"layer {i}")
+
+
+def test_auto_fuses_on_rank_0s_machine_for_every_rank(comm, monkeypatch):
+    here = tempfile.mkdtemp(prefix=f"cotsdl-fuse-{comm.Get_rank()}-")
+    if comm.Get_rank() == 0:  # only rank 0's machine counts
+        with open(os.path.join(here, "machine.json"), "w") as f:
+            json.dump(LATENCY_BOUND, f)
+    monkeypatch.chdir(here)
+    imgs = np.random.default_rng(0).standard_normal((6, 15, 13, 1))
+    tr = GreedyTrainer(Network.from_description(DESC), InMemorySource(imgs), Momentum(0.01), comm=comm, batch=3,
+                       grid=(P, 1), log_every=0, fuse="auto")
+    assert all_same(comm, (tr.plan.fuse, tr.fuse_reason))
+    if P == 1:
+        assert tr.plan.fuse == () and "one rank per model group" in tr.fuse_reason
+    else:
+        assert tr.plan.fuse == (0,), tr.fuse_reason
+        assert "stage 0 fused" in tr.fuse_reason and "top stage" in tr.fuse_reason
+    tr.decomposition.free()
