@@ -60,7 +60,9 @@ def test_evaluate_writes_the_report_and_agrees_across_ranks(setup):  # noqa: F81
     overall = [c for c in a["comparisons"] if c["measure"] == "best_neuron" and "stage" not in c]
     assert a["verdict"]["sentence"].count("random_weights") == 2  # once overall, once within the last stage
     assert f"random_weights {overall[0]['difference']:+.3f}" in a["verdict"]["sentence"]
-    assert "### Faces against each kind of distractor" in md and "### Linear probes on each stage" in md
+    assert "## Faces against each kind of distractor" in md and "### Linear probes on each stage" in md
+    # the per-kind table comes first after the verdict
+    assert md.index("## Verdict") < md.index("## Faces against each kind of distractor") < md.index("## Setup")
     assert "## Stages" in md and "### The best neuron of each stage" in md
     assert "## Setup: where this run departs from the paper" in md and "inputs 12×12×1" in md
     assert a["setup"]["face_fraction"] is None  # the tiny set was not built by `natural`
