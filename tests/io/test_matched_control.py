@@ -103,3 +103,21 @@ def test_faces_keeps_to_the_held_out_nonfaces(tmp_path):
     with pytest.raises(ValueError, match=r"lfw_nonfaces must be an integer from 0 to 50 \(the LFW non-faces held "
                                          r"out from training with mixable=50\), got 51"):
         builders.faces(tmp_path / "x.h5", SIZE, lfw_nonfaces=51)
+
+
+def test_evaluate_refuses_a_run_trained_on_evaluation_nonfaces(tmp_path, skimage):
+    """`cotsdl evaluate` checks every run's training set against the labeled set before scoring."""
+    from pathlib import Path
+
+    from cotsdl.cli.evaluate import _check_no_overlap
+
+    builders.natural(tmp_path / "m.h5", 20, SIZE, seed=0, no_faces=True, nonface_fraction=0.5)
+    builders.faces(tmp_path / "ok.h5", SIZE, views=1, photo_crops=2, phase_scrambled=2, matched_crops=2)
+    builders.faces(tmp_path / "bad.h5", SIZE, face_split_seed=9, views=1, photo_crops=2, phase_scrambled=2,
+                   matched_crops=2)
+    runs = [("runs/demo", {"data": {"file": str(tmp_path / "gone.h5")}}),  # a missing file is not an error here
+            ("runs/demo-matched", {"data": {"file": str(tmp_path / "m.h5")}})]
+    _check_no_overlap(runs, Path(tmp_path / "ok.h5"))
+    with pytest.raises(ValueError, match=r"runs/demo-matched trained on views of \d+ LFW non-face\(s\) that .*bad.h5 "
+                                         r"shows as lfw_nonface distractors"):
+        _check_no_overlap(runs, Path(tmp_path / "bad.h5"))
