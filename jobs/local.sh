@@ -2,8 +2,9 @@
 # The main job, on a laptop or any one machine: sets up .venv (first run only), builds
 # the datasets, trains the 2-stage network of jobs/configs/demo.toml on 2 MPI ranks
 # with the CPU backend into runs/demo/, trains the same network on images without
-# faces into runs/demo-nofaces/ (the evaluation's control), then evaluates: which
-# neuron detects faces best on held-out images, against the controls -> runs/demo/report.md.
+# faces into runs/demo-nofaces/ and on images whose face views are LFW non-face views
+# made the same way into runs/demo-matched/ (the evaluation's controls), then evaluates:
+# which neuron detects faces best on held-out images, against the controls -> runs/demo/report.md.
 #   bash jobs/local.sh [--fresh] [--ranks N] [--no-control] [extra `cotsdl train` options, e.g. --set train.steps=100]
 # Run it again and it says the runs are complete (or resumes an interrupted one);
 # --fresh deletes runs/demo*/ first.  Exit status: that of the failing command (README.md).
@@ -30,19 +31,32 @@ t0=$(date +%s)
 config=jobs/configs/demo.toml
 run=runs/demo
 nofaces=runs/demo-nofaces
+matched=runs/demo-matched
 mkdir -p data/demo
 # The datasets: built once (deterministic; `rm data/demo/*.h5` to rebuild).
 # Half of the training images are augmented views of 50 LFW faces; the evaluation's 400
 # faces are views of the 50 other identities, which training never sees.
 [ -f data/demo/natural.h5 ] ||
     cotsdl prepare-data natural data/demo/natural.h5 --count 4096 --size 32 32 --seed 0 --face-fraction 0.5
+# Its LFW non-faces are the half that no training set uses (a faces.h5 from before the
+# non-face split showed all 100, some of which the matched control trains on: rebuilt).
+if [ -f data/demo/faces.h5 ] && ! python -c "import sys; from cotsdl.io.dataset import inspect
+sys.exit('nonface_split' not in inspect('data/demo/faces.h5').recipe)"; then
+    echo "[cotsdl] data/demo/faces.h5 predates the LFW non-face split: rebuilding it"; rm data/demo/faces.h5
+fi
 [ -f data/demo/faces.h5 ] ||
     cotsdl prepare-data faces data/demo/faces.h5 --size 32 32 --seed 0
 if [ "$control" = 1 ] && [ ! -f data/demo/natural-nofaces.h5 ]; then
     cotsdl prepare-data natural data/demo/natural-nofaces.h5 --count 4096 --size 32 32 --seed 0 --no-faces
 fi
+# The matched control: the same crops as natural-nofaces.h5 but where natural.h5 has its
+# face views, views of the other 50 LFW non-faces, with the same augmentation and draws.
+if [ "$control" = 1 ] && [ ! -f data/demo/natural-matched.h5 ]; then
+    cotsdl prepare-data natural data/demo/natural-matched.h5 --count 4096 --size 32 32 --seed 0 --no-faces \
+        --nonface-fraction 0.5
+fi
 if [ "$fresh" = 1 ]; then
-    for d in "$run" "$nofaces"; do
+    for d in "$run" "$nofaces" "$matched"; do
         if [ -e "$d" ]; then echo "[cotsdl] --fresh: removing $d"; rm -rf "$d"; fi
     done
 fi
@@ -61,12 +75,13 @@ train "$run" data/demo/natural.h5
 evaluate=(--dataset data/demo/faces.h5)
 if [ "$control" = 1 ]; then
     train "$nofaces" data/demo/natural-nofaces.h5
-    evaluate+=(--control-run "$nofaces")
+    train "$matched" data/demo/natural-matched.h5
+    evaluate+=(--control-run "$nofaces" --control-run "matched=$matched")
 fi
 echo "[cotsdl] mpiexec -n $ranks python -m mpi4py -m cotsdl evaluate $run ${evaluate[*]}"
 mpiexec -n "$ranks" python -m mpi4py -m cotsdl evaluate "$run" "${evaluate[@]}"
 echo "[cotsdl] job finished in $(( $(date +%s) - t0 )) s"
 echo "[cotsdl] datasets: data/demo/natural.h5 (training), data/demo/faces.h5 (labeled, for evaluation)$(
-    [ "$control" = 1 ] && echo ", data/demo/natural-nofaces.h5 (the control's training set)")"
-echo "[cotsdl] runs: $run$([ "$control" = 1 ] && echo " and $nofaces") (config.toml, checkpoints/, metrics.jsonl, log.txt, summary.json)"
+    [ "$control" = 1 ] && echo ", data/demo/natural-nofaces.h5 and natural-matched.h5 (the controls' training sets)")"
+echo "[cotsdl] runs: $run$([ "$control" = 1 ] && echo ", $nofaces and $matched") (config.toml, checkpoints/, metrics.jsonl, log.txt, summary.json)"
 echo "[cotsdl] open $run/report.md first (figures in $run/figures/); bash jobs/local.sh --fresh trains again from the start"

@@ -22,12 +22,17 @@ def add_parser(sub) -> None:
                     "write report.json, report.md and figures into the run folder.")
     p.add_argument("run", metavar="RUN", help="a run folder written by cotsdl train")
     p.add_argument("--dataset", help="labeled HDF5 set (default: faces.h5 beside the run's data.file)")
-    p.add_argument("--control-run", metavar="RUN2", help="the same architecture trained without faces: a control")
+    p.add_argument("--control-run", metavar="[NAME=]RUN2", action="append", default=[],
+                   help="the same architecture trained on other data: a control that decides the verdict; the "
+                        "first unnamed one is 'no_faces' (trained without faces); name others, e.g. "
+                        "matched=runs/demo-matched (LFW non-faces in place of the faces). Repeatable")
     p.add_argument("--splits", type=int, default=20, help="random selection/test splits (default 20)")
     p.add_argument("--seed", type=int, default=0, help="seed of the splits, the resamples and the stimulus (default 0)")
     p.add_argument("--bootstrap", type=int, default=1000, metavar="B",
                    help="resamples of the groups for the 95%% intervals (default 1000, at least 100)")
     p.add_argument("--stimulus-steps", type=int, default=100, help="gradient-ascent steps (default 100)")
+    p.add_argument("--stimulus-starts", type=int, default=8, metavar="N",
+                   help="random starts of each optimal stimulus; the best response is kept (default 8)")
     p.add_argument("--figures", metavar="DIR", help="where the PNGs go (default: RUN/figures)")
     p.add_argument("--json", metavar="FILE", help="also write report.json here")
     p.add_argument("--no-figures", action="store_true", help="numbers only")
@@ -60,9 +65,34 @@ def _input_settings(cfg: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]
     return {"preprocess": cfg["data"]["preprocess"], "std_floor": cfg["data"]["std_floor"], "input_lcn": saved}
 
 
+#: Names a control run cannot take: the measures the report already has.
+RESERVED = ("network", "random_weights", "best_pixel", "mean_face", "linear_probe", "pixels")
+
+
+def control_runs(values: list[str]) -> list[tuple[str, str]]:
+    """(name, run folder) of each ``--control-run [NAME=]RUN``: the first unnamed one is ``no_faces``;
+    ValueError for a bad, reserved or repeated name, or a second unnamed run."""
+    import re  # noqa: PLC0415
+
+    out: list[tuple[str, str]] = []
+    for v in values:
+        m = re.fullmatch(r"([a-z][a-z0-9_]*)=(.+)", v)
+        name, folder = (m.group(1), m.group(2)) if m else ("no_faces", v)
+        if not m and any(n == "no_faces" for n, _ in out):
+            raise ValueError(f"--control-run {v}: only one control run may go unnamed (it is no_faces); name the "
+                             "others as NAME=RUN, e.g. matched=runs/demo-matched")
+        if name in RESERVED:
+            raise ValueError(f"--control-run {v}: {name!r} names another measure of the report; choose another name")
+        if any(n == name for n, _ in out):
+            raise ValueError(f"--control-run {v}: the name {name!r} is given twice")
+        out.append((name, folder))
+    return out
+
+
 def _check_args(args) -> str | None:
-    if args.splits < 2 or args.stimulus_steps < 0:
-        return f"need --splits >= 2 and --stimulus-steps >= 0, got {args.splits} and {args.stimulus_steps}"
+    if args.splits < 2 or args.stimulus_steps < 0 or args.stimulus_starts < 1:
+        return (f"need --splits >= 2, --stimulus-steps >= 0 and --stimulus-starts >= 1, got {args.splits}, "
+                f"{args.stimulus_steps} and {args.stimulus_starts}")
     if args.bootstrap < 100:  # the 2.5% tails of fewer resamples rest on two or three values
         return f"need --bootstrap >= 100, got {args.bootstrap}"
     from ..bench.common import check_output_path  # noqa: PLC0415
@@ -106,28 +136,33 @@ def run(args) -> int:
         try:
             run_dir = Path(args.run)
             cfg, ckpt, meta = _load_run(run_dir)
-            control = _load_run(Path(args.control_run)) if args.control_run else None
+            named = control_runs(args.control_run)
+            runs = {name: _load_run(Path(folder)) for name, folder in named}
+            folders = dict(named)
             dataset = Path(args.dataset) if args.dataset else Path(cfg["data"]["file"]).parent / "faces.h5"
             if not args.dataset and not dataset.exists():
                 raise ValueError(f"no labeled set given and {dataset} does not exist: pass --dataset FILE "
                                  "(e.g. from cotsdl prepare-data faces FILE --size H W)")
             _check_outputs(run_dir, None if args.no_figures else (Path(args.figures) if args.figures
                                                                    else run_dir / "figures"))
-            if control is not None and (control[2]["network"], control[2]["dtype"]) != (meta["network"], meta["dtype"]):
-                raise ValueError(f"--control-run {args.control_run} trained another network or dtype than {run_dir}: "
-                                 "the no-face control must be the same architecture")
-            if control is not None:  # both are scored on the images as this run's config prepares them
+            for name, control in runs.items():
+                if (control[2]["network"], control[2]["dtype"]) != (meta["network"], meta["dtype"]):
+                    raise ValueError(f"--control-run {folders[name]} trained another network or dtype than "
+                                     f"{run_dir}: a control run must be the same architecture")
+                # all are scored on the images as this run's config prepares them
                 mine, theirs = _input_settings(cfg, meta), _input_settings(control[0], control[2])
                 if mine != theirs:
-                    raise ValueError(f"--control-run {args.control_run} saw other input than {run_dir} "
-                                     f"({theirs} against {mine}): the no-face control must see the same input")
-            loaded = (cfg, str(ckpt), meta, control and (control[0], str(control[1]), control[2]), str(dataset))
+                    raise ValueError(f"--control-run {folders[name]} saw other input than {run_dir} "
+                                     f"({theirs} against {mine}): a control run must see the same input")
+            _check_no_overlap([(str(run_dir), cfg)] + [(folders[n], c[0]) for n, c in runs.items()], dataset)
+            controls_loaded = {name: (c[0], str(c[1]), c[2], folders[name]) for name, c in runs.items()}
+            loaded = (cfg, str(ckpt), meta, controls_loaded, str(dataset))
         except (ValueError, OSError) as e:
             err = str(e)
     loaded, err = comm.bcast((loaded, err))
     if err:
         raise agreed(ValueError(err))
-    cfg, ckpt, meta, control, dataset = loaded
+    cfg, ckpt, meta, control_runs_loaded, dataset = loaded
     network = Network.from_description(meta["network"])
     spec = run_spec.from_config(cfg, str(Path(args.run) / "config.toml"))
     backend_name = setup_backend(spec, comm)
@@ -141,19 +176,21 @@ def run(args) -> int:
                                      responses.load_params(plan, ckpt, comm))
         controls = [experiment.Subject("random_weights", "the same network with its initial random weights", plan,
                                        responses.to_device(plan.init_params(meta["seed"], meta.get("filter_norm"))))]  # as the trainer began
-        if control is not None:  # the same architecture (checked above): the same plan
-            controls.append(experiment.Subject("no_faces", f"the architecture trained without faces "
-                                               f"({args.control_run})", plan, responses.load_params(plan, control[1], comm)))
+        for name, control in control_runs_loaded.items():  # the same architecture (checked above): the same plan
+            what = _WHAT.get(name, "the architecture trained on other data")
+            controls.append(experiment.Subject(name, f"{what} ({control[3]})", plan,
+                                               responses.load_params(plan, control[1], comm)))
         say(f"cotsdl evaluate {args.run}: {comm.Get_size()} rank(s), grid {grid.dims[0]}x{grid.dims[1]}, backend "
             f"{backend_name}, dataset {dataset} ({len(source)} images)")
         report, figs = experiment.run(subject, controls, source, k=args.splits, seed=args.seed,
-                                      stimulus_steps=args.stimulus_steps, resamples=args.bootstrap, say=say)
+                                      stimulus_steps=args.stimulus_steps, resamples=args.bootstrap,
+                                      stimulus_starts=args.stimulus_starts, say=say)
     finally:
         source.close()
     status = 0
     if root:
         report.update(_context(args, cfg, meta, ckpt, dataset, grid, comm.Get_size(), backend_name, network,
-                               control, time.perf_counter() - t0))
+                               control_runs_loaded, time.perf_counter() - t0))
         stages.add_training_log(report.get("stages", []), _records(Path(args.run)))
         report["verdict"] = {"selective": report["selective"], "sentence": _sentence(report)}
         try:
@@ -164,7 +201,34 @@ def run(args) -> int:
     return comm.bcast(status)  # every rank exits with the same status
 
 
-_LABEL = {"random_weights": "the random-weight network", "no_faces": "the network trained without faces"}
+_LABEL = {"random_weights": "the random-weight network", "no_faces": "the network trained without faces",
+          "matched": "the matched network (LFW non-faces in place of the faces)"}
+#: What a control run is, by name (the report's ``what``).
+_WHAT = {"no_faces": "the architecture trained without faces",
+         "matched": "the architecture trained with LFW non-face views in place of the face views"}
+
+
+def _label(name: str) -> str:
+    return _LABEL.get(name, f"the control run {name}")
+
+
+def _check_no_overlap(runs: list[tuple[str, dict[str, Any]]], dataset: Path) -> None:
+    """No run (the trained one or a control) trained on views of the evaluation's LFW non-faces."""
+    from ..io.builders import lfw_overlap  # noqa: PLC0415
+    from ..io.dataset import inspect  # noqa: PLC0415
+
+    for folder, cfg in runs:
+        try:
+            recipe = inspect(cfg["data"]["file"]).recipe
+        except (ValueError, OSError):
+            continue  # the training file is gone: nothing to compare (the report says so under data)
+        seen = lfw_overlap(recipe, dataset) if dataset.exists() else []
+        if seen:
+            raise ValueError(f"{folder} trained on views of {len(seen)} LFW non-face(s) that {dataset} shows as "
+                             f"lfw_nonface distractors (lfw_subset indices {seen[:5]}"
+                             f"{'…' if len(seen) > 5 else ''}): "
+                             "build both with the same --face-split-seed and --mixable (cotsdl prepare-data faces "
+                             "draws its LFW non-faces from the held-out part only)")
 
 
 def _vs(d: dict[str, Any]) -> str:
@@ -196,20 +260,41 @@ def _sentence(report: dict[str, Any]) -> str:
             f"[{net['ci_low']:.3f}, {net['ci_high']:.3f}] over {report['groups']} groups) over "
             f"{report['scores']['network']['splits']} splits (the figures show {where}); best neuron minus "
             f"control, paired, with 95% intervals: {diffs}.")
-    names = " and ".join(_LABEL.get(m, m) for m in report["must_beat"])
+    names = _and([_label(m) for m in report["must_beat"]])
     head += _top_sentence(report)
     if report["selective"] is None:
-        missing = " and ".join(_LABEL.get(m, m) for m in report["missing_controls"])
+        missing = _and([_label(m) for m in report["missing_controls"]])
         return (head + f" Undecided: {missing} was not run as a control (--control-run), so no neuron is called "
-                "face-selective.")
+                "face-selective." + _kind_sentence(report))
     if report["selective"]:
         return (head + f" It beats {names} (the lower end of each interval is above 0): the network has a "
-                "face-selective neuron.")
-    return (head + f" It does not beat both {names} (the lower end of an interval is not above 0): no neuron is "
-            "called face-selective.")
+                "face-selective neuron." + _kind_sentence(report))
+    both = "both" if len(report["must_beat"]) == 2 else "all of"
+    return (head + f" It does not beat {both} {names} (the lower end of an interval is not above 0): no neuron is "
+            "called face-selective." + _kind_sentence(report))
 
 
-def _context(args, cfg, meta, ckpt, dataset, grid, ranks, backend_name, network, control, seconds) -> dict[str, Any]:
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _kind_sentence(report: dict[str, Any]) -> str:
+    """Per kind of distractor: on which kinds it beats every deciding control, and the weakest kind."""
+    kinds = report.get("per_kind") or []
+    weak = report.get("weakest_kind")
+    if not kinds or not weak:
+        return ""
+    won = [k["kind"] for k in kinds if k.get("selective")]
+    lost = [k["kind"] for k in kinds if k.get("selective") is False]
+    text = (f" Per kind of distractor, it beats every deciding control on {len(won)} of {len(kinds)} kinds"
+            + (f" (not on {', '.join(lost)})" if lost else "") + f"; the weakest kind is {weak['kind']}: network "
+            f"{weak['score']:.3f}, minus {weak['control']} {_vs(weak)}")
+    return text + (" (above 0)." if weak["beats"] else
+                   f": on {weak['kind']} it shows no gain over {_label(weak['control'])}.")
+
+
+def _context(args, cfg, meta, ckpt, dataset, grid, ranks, backend_name, network, controls,
+             seconds) -> dict[str, Any]:
     import numpy as np  # noqa: PLC0415
 
     from .. import __version__  # noqa: PLC0415
@@ -224,13 +309,16 @@ def _context(args, cfg, meta, ckpt, dataset, grid, ranks, backend_name, network,
 
     data = {"training": {"file": cfg["data"]["file"], "recipe": recipe(cfg["data"]["file"])},
             "evaluation": {"file": dataset, "recipe": recipe(dataset)}, "input": _input_settings(cfg, meta)}
-    if control is not None:
-        data["control_training"] = {"file": control[0]["data"]["file"], "recipe": recipe(control[0]["data"]["file"]),
-                                    "step": control[2]["step"]}
+    trained = {name: {"file": c[0]["data"]["file"], "recipe": recipe(c[0]["data"]["file"]), "step": c[2]["step"],
+                      "run": c[3]} for name, c in controls.items()}
+    if trained:  # control_training: the first control run's (reports before named control runs had only it)
+        data["control_training"] = {k: v for k, v in next(iter(trained.values())).items() if k != "run"}
+        data["controls_training"] = trained
     return {"setup": setup.describe(cfg, meta, data["training"]["recipe"]), "network": network.describe(),
             "run": {"folder": str(args.run), "checkpoint": ckpt, "step": meta["step"], "ranks": ranks,
                     "grid": list(grid.dims), "training_grid": meta["grid"], "training_replicas": meta["replicas"],
-                    "backend": backend_name, "control_run": args.control_run, "seconds": seconds},
+                    "backend": backend_name, "control_run": next((c[3] for c in controls.values()), None),
+                    "control_runs": {name: c[3] for name, c in controls.items()}, "seconds": seconds},
             "data": data,
             "versions": {"cotsdl": __version__, "numpy": np.__version__, "python": sys.version.split()[0]}}
 
@@ -248,6 +336,14 @@ def _write(args, run: Path, report: dict[str, Any], figs: dict[str, Any], say) -
         write_json(args.json, json.loads(Path(json_path).read_text()))
     say(report["verdict"]["sentence"])
     say(f"report: {md_path} (numbers: {json_path})")
+
+
+def _stimulus_note(report: dict[str, Any]) -> str:
+    """The network's stimulus: its correlation with the mean face (a line of the figure)."""
+    units = (report.get("stimulus") or {}).get("units") or []
+    own = units[0].get("own") if units else None
+    return "" if not own else f"r with mean face {own['correlation']:+.2f}" + (" (|r|: no sign)" if units[0].get("even")
+                                                                              else "")
 
 
 def _records(run: Path) -> list[dict[str, Any]]:
@@ -276,7 +372,8 @@ def _figures(run: Path, folder: Path, report: dict[str, Any], figs: dict[str, An
             figs["top"], figs["bottom"], p, f"held-out images by the response of {what}",
             [f"{r:.2f} {'face' if c else 'other'}" for r, c in zip(figs["top_r"], figs["top_y"])],
             [f"{r:.2f} {'face' if c else 'other'}" for r, c in zip(figs["bottom_r"], figs["bottom_y"])]),
-        "stimulus": lambda p: figures.stimulus(figs["stimulus"], p, f"optimal stimulus of {what}", figs["mean_face"]),
+        "stimulus": lambda p: figures.stimulus(figs["stimulus"], p, f"optimal stimulus of {what}", figs["mean_face"],
+                                               figs["top"][:9], _stimulus_note(report)),
         "throughput": lambda p: figures.throughput(records, p),
     }
     out: dict[str, Any] = {}

@@ -8,7 +8,8 @@
     cotsdl prepare-data stats FILE
 
 Give ``natural`` and ``faces`` the same ``--face-split-seed`` and ``--mixable``: then
-no face of the evaluation set is in the training set.
+no face of the evaluation set is in the training set, and no LFW non-face of it in a
+matched control's (``natural --no-faces --nonface-fraction F``).
 """
 from __future__ import annotations
 
@@ -92,13 +93,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="mix this many LFW faces of the mixable part, unaugmented, into the images (default 0)")
     n.add_argument("--no-faces", action="store_true",
                    help="leave out every face (the photographs that show one): the no-face control's training set")
+    n.add_argument("--nonface-fraction", type=float, default=0.0, metavar="F",
+                   help="with --no-faces: the matched control's training set; the round(F * count) images that "
+                        "--face-fraction F makes face views are views of the mixable LFW non-faces instead, with "
+                        "the same augmentation, positions and draws (default 0)")
     face_split_options(n)
     f = builder("faces")
     face_split_options(f)
     f.add_argument("--views", type=_positive, default=8, metavar="V",
                    help="augmented views of each held-out face (default 8: 400 faces with --mixable 50)")
-    f.add_argument("--lfw-nonfaces", type=_non_negative, default=100, metavar="K",
-                   help="LFW non-faces among the distractors, at most 100 (default 100)")
+    f.add_argument("--lfw-nonfaces", type=_non_negative, default=None, metavar="K",
+                   help="LFW non-faces among the distractors, at most the 100-M held out from training "
+                        "(default: all of them, 50 with --mixable 50)")
     f.add_argument("--photo-crops", type=_non_negative, default=100, metavar="K",
                    help="random crops of the held-out photographs (default 100)")
     f.add_argument("--phase-scrambled", type=_non_negative, default=100, metavar="K",

@@ -21,16 +21,21 @@ CONTROLS = ("random_weights", "no_faces", "best_pixel", "mean_face")
 PROBE_CONTROLS = ("random_weights", "no_faces")
 
 
+def controls_of(names: Sequence[str]) -> list[str]:
+    """The controls among ``names`` in report order: random weights and the no-face network, other
+    named control runs (e.g. ``matched``) as given, then the pixel and mean-face controls."""
+    named = [n for n in names if n not in CONTROLS and n not in ("network", "linear_probe")]
+    return ([c for c in PROBE_CONTROLS if c in names] + named
+            + [c for c in CONTROLS if c not in PROBE_CONTROLS and c in names])
+
+
 def best_neuron(scores: Mapping[str, np.ndarray]) -> tuple[dict, list[dict]]:
     """(intervals, comparisons) of the network's best neuron and its controls from their resampled
     scores (``GroupBootstrap.scores``; ``scores["network"]`` is the network's)."""
     intervals = {name: summary(v) for name, v in scores.items()}
-    out = []
-    for control in CONTROLS:
-        if control in scores:
-            out.append({"measure": "best_neuron", "control": control,
-                        **difference(scores["network"], scores[control]),
-                        "score": intervals["network"]["score"], "control_score": intervals[control]["score"]})
+    out = [{"measure": "best_neuron", "control": control, **difference(scores["network"], scores[control]),
+            "score": intervals["network"]["score"], "control_score": intervals[control]["score"]}
+           for control in controls_of(list(scores))]
     return intervals, out
 
 
@@ -52,16 +57,15 @@ def stage_probes(boot: GroupBootstrap, probes: Mapping[str, Sequence[np.ndarray]
         row = {**about, "scores": {name: summary(v[s]) for name, v in scores.items()}, "differences": {}}
         if ref is not None:
             row["scores"]["pixels"] = summary(ref)
-        for control in PROBE_CONTROLS:
-            if control in scores:
-                d = difference(scores["network"][s], scores[control][s])
-                row["differences"][control] = d
-                out.append({"measure": "linear_probe", "control": control, **d, "stage": about["stage"],
-                            "score": row["scores"]["network"]["score"],
-                            "control_score": row["scores"][control]["score"]})
+        for control in controls_of(list(scores)):  # every network control (probes are of networks only)
+            d = difference(scores["network"][s], scores[control][s])
+            row["differences"][control] = d
+            out.append({"measure": "linear_probe", "control": control, **d, "stage": about["stage"],
+                        "score": row["scores"]["network"]["score"],
+                        "control_score": row["scores"][control]["score"]})
         table.append(row)
     last = table[-1]
-    for control in PROBE_CONTROLS:
+    for control in controls_of(list(scores)):
         if control in last["differences"]:
             out.append({"measure": "linear_probe", "control": control, **last["differences"][control],
                         "last_stage": last["stage"], "score": last["scores"]["network"]["score"],
@@ -81,27 +85,55 @@ def stage_best(boot: GroupBootstrap, calls: Mapping[str, np.ndarray], stage: int
     intervals = {name: summary(v) for name, v in scores.items()}
     out = [{"measure": "best_neuron", "control": c, "stage": stage, **difference(scores["network"], scores[c]),
             "score": intervals["network"]["score"], "control_score": intervals[c]["score"]}
-           for c in PROBE_CONTROLS if c in scores]
+           for c in controls_of(list(scores))]
     return intervals, out
 
 
 def per_kind(boot: GroupBootstrap, calls: Mapping[str, np.ndarray], kinds: Mapping[str, np.ndarray],
-             groups: np.ndarray) -> list[dict]:
+             groups: np.ndarray, must_beat: Sequence[str] = ()) -> list[dict]:
     """Faces against each distractor kind alone: every measure's score and the network's paired differences.
 
     The rules are those chosen against all distractors; only the scoring is per kind.
+    Each kind also gets its verdict against the deciding controls ``must_beat``:
+    ``beats`` (control -> the lower end of the interval of the difference is above 0)
+    and ``selective`` (all of them; None when one was not run).
     """
     out = []
     for kind, mask in kinds.items():
         scores = {name: boot.scores(c, mask) for name, c in calls.items()}
+        diffs = {c: difference(scores["network"], scores[c]) for c in controls_of(list(scores))}
+        beats = {c: _above(diffs[c]) for c in must_beat if c in diffs}
         out.append({"kind": kind, "distractors": int(mask.sum()), "groups": int(len(np.unique(groups[mask]))),
-                    "scores": {name: summary(v) for name, v in scores.items()},
-                    "differences": {c: difference(scores["network"], scores[c]) for c in CONTROLS if c in scores}})
+                    "scores": {name: summary(v) for name, v in scores.items()}, "differences": diffs,
+                    "beats": beats, "selective": all(beats.values()) if len(beats) == len(must_beat) else None})
     return out
+
+
+def weakest_kind(per_kind_rows: Sequence[Mapping[str, Any]], must_beat: Sequence[str]) -> dict[str, Any] | None:
+    """The distractor kind on which the network's smallest gain over a deciding control is lowest:
+    ``{"kind", "control", "difference", "ci_low", "ci_high", "score", "beats"}`` (None without kinds
+    or deciding controls)."""
+    best = None
+    for row in per_kind_rows:
+        for c in must_beat:
+            d = row["differences"].get(c)
+            if d is None or not np.isfinite(d["difference"]):
+                continue
+            if best is None or d["difference"] < best[2]["difference"]:
+                best = (row, c, d)
+    if best is None:
+        return None
+    row, c, d = best
+    return {"kind": row["kind"], "control": c, "difference": d["difference"], "ci_low": d["ci_low"],
+            "ci_high": d["ci_high"], "score": row["scores"]["network"]["score"], "beats": _above(d)}
+
+
+def _above(d: Mapping[str, float]) -> bool:
+    low = d["ci_low"]
+    return bool(np.isfinite(low) and low > 0)
 
 
 def verdict(diff: Mapping[str, float], per_split: Mapping[str, float]) -> dict[str, Any]:
     """The network beats a control when the lower end of the paired difference's interval is above 0."""
-    low = diff["ci_low"]
-    return {**diff, "beats": bool(np.isfinite(low) and low > 0), "mean_diff": per_split["mean_diff"],
+    return {**diff, "beats": _above(diff), "mean_diff": per_split["mean_diff"],
             "std_diff": per_split["std_diff"]}

@@ -99,8 +99,14 @@ def neuron_calls(scores: dict[str, Any], columns: np.ndarray) -> np.ndarray:
                      for s, (t, p) in enumerate(zip(scores["thresholds"], scores["polarities"]))])
 
 
-#: The controls a neuron must beat to be called face-selective (DESIGN of the experiment: issue 10).
+#: The controls a neuron must beat to be called face-selective (DESIGN of the experiment: issue 10);
+#: every other control run given (e.g. ``matched``: LFW non-faces in place of the faces) decides too.
 DECIDING = ("random_weights", "no_faces")
+
+
+def must_beat(controls: list[str]) -> list[str]:
+    """The deciding controls: :data:`DECIDING`, then every other network control run (by name)."""
+    return list(DECIDING) + [c for c in controls if c not in DECIDING]
 
 
 @dataclass
@@ -163,24 +169,26 @@ def _layout(source: Any, y: np.ndarray, k: int, seed: int, comm) -> tuple:
 
 
 def run(subject: Subject, controls: list[Subject], source: Any, *, k: int = 20, seed: int = 0,
-        stimulus_steps: int = 100, resamples: int = 1000,
+        stimulus_steps: int = 100, resamples: int = 1000, stimulus_starts: int = stimulus.STARTS,
         say: Callable[[str], None] = lambda m: None) -> tuple[dict, dict]:
     """Score ``subject`` and every control; returns (report numbers, figure data) on every rank
     of the grid (figure data is complete on rank 0 of the grid).
 
     ``selective`` is True or False only when every control of :data:`DECIDING` was run,
     else None: undecided.  It is True when the lower end of the 95% interval of the
-    paired difference (best neuron minus control) is above 0 for each of them.
+    paired difference (best neuron minus control) is above 0 for each of them and for
+    every other network control given (:func:`must_beat`).  The same is decided for each
+    kind of distractor alone (``per_kind``, ``selective_every_kind``, ``weakest_kind``).
 
     BLAS runs one thread per rank throughout: ranks share the node's cores, and the
     many small solves of the probes and the bootstrap are several times slower
     with threads competing for them (the forward passes run on the backend's own
     thread pool as in training)."""
     with single_threaded_blas():
-        return _run(subject, controls, source, k, seed, stimulus_steps, resamples, say)
+        return _run(subject, controls, source, k, seed, stimulus_steps, resamples, stimulus_starts, say)
 
 
-def _run(subject, controls, source, k, seed, stimulus_steps, resamples, say) -> tuple[dict, dict]:
+def _run(subject, controls, source, k, seed, stimulus_steps, resamples, stimulus_starts, say) -> tuple[dict, dict]:
     comm = subject.plan.grid.comm
     images, y = labeled_images(source)
     raise_collectively(comm, label_error(source.path, y))  # before the costly part; the same file on every rank
@@ -221,7 +229,7 @@ def _run(subject, controls, source, k, seed, stimulus_steps, resamples, say) -> 
         say(f"control {name}: {rows[name][1]['mean_balanced_acc']:.3f} ± {rows[name][1]['std_balanced_acc']:.3f}")
 
     report = _summaries(boot, rows, calls, probes, scoring.probe_calls(X, y, splits), infos, y, groups,
-                        kinds, names, seed)
+                        kinds, names, seed, must_beat([c.name for c in controls]))
     report.update({"best": _best(best, infos, 0), "per_layer": per_layer, "images": n, "faces": int(y.sum())})
     report["by_stage"] = []
     for stage, chosen in enumerate(net.by_stage):
@@ -234,12 +242,14 @@ def _run(subject, controls, source, k, seed, stimulus_steps, resamples, say) -> 
         report["stages"] = stages.table(subject.plan, subject.params, random.params, net.silent, r.silent,
                                         [b["mean_balanced_acc"] for b in net.by_stage],
                                         [b["mean_balanced_acc"] for b in r.by_stage])
-    figures = _figure_data(subject, R, ids, y, images, best, infos, splits, seed, stimulus_steps, comm)
-    report["best"]["stimulus_trace"] = figures.pop("trace")
+    figures = _figure_data(subject, R, ids, y, images, best, infos, splits, comm)
+    report["stimulus"], figures["stimulus"], report["best"]["stimulus_trace"] = _stimuli(
+        subject, random, scored, y, images, infos, seed, stimulus_steps, stimulus_starts)
     return report, figures
 
 
-def _summaries(boot, rows, calls, probes, pixels, infos, y, groups, kinds, names, seed) -> dict[str, Any]:
+def _summaries(boot, rows, calls, probes, pixels, infos, y, groups, kinds, names, seed,
+               deciding) -> dict[str, Any]:
     """Intervals, paired differences, verdicts, per-kind and per-stage-probe numbers of the report."""
     resampled = {name: boot.scores(c) for name, c in calls.items()}
     intervals, best_vs = comparisons.best_neuron({n: v for n, v in resampled.items() if n != "linear_probe"})
@@ -250,18 +260,20 @@ def _summaries(boot, rows, calls, probes, pixels, infos, y, groups, kinds, names
                 for name, (_, s) in rows.items() if name != net}
     stages = [{"stage": info.stage, "layer": info.index, "features": info.size} for info in probe.stage_outputs(infos)]
     probe_table, probe_vs = comparisons.stage_probes(boot, probes, stages, pixels)
-    must_beat = list(DECIDING)
-    decided = all(m in verdicts for m in must_beat)
+    decided = all(m in verdicts for m in deciding)
     kind_masks = labeled.distractor_kinds(y, kinds, names)
     single = {n: c for n, c in calls.items() if n != "linear_probe"}
+    kinds_table = comparisons.per_kind(boot, single, kind_masks, groups, deciding)
     return {"scores": {name: s for name, (_, s) in rows.items()}, "verdicts": verdicts,
-            "selective": all(verdicts[m]["beats"] for m in must_beat) if decided else None,
-            "must_beat": must_beat, "missing_controls": [m for m in must_beat if m not in verdicts],
+            "selective": all(verdicts[m]["beats"] for m in deciding) if decided else None,
+            "selective_every_kind": all(k["selective"] for k in kinds_table) if decided and kinds_table else None,
+            "weakest_kind": comparisons.weakest_kind(kinds_table, [m for m in deciding if m in verdicts]),
+            "must_beat": list(deciding), "missing_controls": [m for m in deciding if m not in verdicts],
             "groups": int(boot.weights.shape[1]),
             "kinds": {name: int(np.sum(kinds == code)) for code, name in enumerate(names)},
             "bootstrap": {"resamples": boot.resamples, "unit": "group", "level": bootstrap.LEVEL, "seed": seed},
             "intervals": intervals, "comparisons": best_vs + probe_vs,
-            "per_kind": comparisons.per_kind(boot, single, kind_masks, groups), "probes": probe_table,
+            "per_kind": kinds_table, "probes": probe_table,
             "rows": [_row(name, what, s, intervals[name], verdicts.get(name)) for name, (what, s) in rows.items()]}
 
 
@@ -296,22 +308,64 @@ def _row(name: str, what: str, s: dict, interval: dict, verdict: dict | None) ->
             "beats": None if verdict is None else bool(verdict["beats"])}
 
 
-def _figure_data(subject: Subject, R, ids, y, images, scores, infos, splits, seed, steps, comm) -> dict[str, Any]:
+def _figure_data(subject: Subject, R, ids, y, images, scores, infos, splits, comm) -> dict[str, Any]:
     b = _best(scores, infos, 0)
     r = responses.column(R, ids, b["neuron"], comm)
-    sel, test = splits[0]
+    test = splits[0][1]
     # most face-like first: the highest responses, or the lowest for a neuron that is low for faces
     order = test[np.argsort(-b["polarity"] * r[test], kind="stable")]
     w0 = subject.plan.network.filter_layers()[0]
     shape, box = subject.plan.weight_box(w0)
     host = np.ascontiguousarray(backend.to_numpy(subject.params[w0]))  # the figure is drawn on the host
     filters = gather(DistArray(comm, shape, box, box, data=host))
-    one = NetworkPlan(subject.plan.network, subject.plan.grid, 1, subject.plan.dtype)
-    img, trace = stimulus.optimal_stimulus(one, subject.params, b["layer"], tuple(b["position"]),
-                                           stimulus.mean_norm(images[y == 1]), steps=steps, seed=seed,
-                                           sign=b["polarity"])
     return {"filters": filters, "faces": r[test][y[test] == 1], "distractors": r[test][y[test] == 0],
             "threshold": b["threshold"], "polarity": b["polarity"], "top": images[order[:16]],
             "bottom": images[order[::-1][:16]], "top_r": r[order[:16]], "bottom_r": r[order[::-1][:16]],
-            "top_y": y[order[:16]], "bottom_y": y[order[::-1][:16]], "stimulus": img,
-            "mean_face": images[sel][y[sel] == 1].mean(axis=0), "trace": trace}
+            "top_y": y[order[:16]], "bottom_y": y[order[::-1][:16]],
+            "mean_face": images[y == 1].mean(axis=0)}
+
+
+def _stimuli(subject: Subject, random: Subject | None, scored: dict, y, images, infos, seed, steps,
+             starts) -> tuple[dict[str, Any], np.ndarray | None, list[float]]:
+    """The optimal stimuli (:func:`stimulus.best_of_starts`) of the network's best neuron and of the
+    random-weight network's (best overall and best of the same stage), each in both polarities, and
+    their correlation with the mean face of the evaluation set (identities training never saw):
+    ``report["stimulus"]`` (on every rank), the network's best image (for the figure; rank 0) and
+    its response at every step."""
+    comm = subject.plan.grid.comm
+    mean_face = images[y == 1].mean(axis=0)
+    norm = stimulus.mean_norm(images[y == 1])
+    one = NetworkPlan(subject.plan.network, subject.plan.grid, 1, subject.plan.dtype)
+    b = _best(scored[subject.name].scores, infos, 0)
+    units = [("network", "best neuron", subject, b)]
+    if random is not None:
+        r = scored[random.name]
+        units.append(("random_weights", "best neuron", random, _best(r.scores, infos, 0)))
+        same = _best(r.by_stage[b["stage"]], infos, 0)
+        if same["neuron"] != units[-1][3]["neuron"]:
+            units.append(("random_weights", f"best neuron of stage {b['stage'] + 1}", random, same))
+    out = {"settings": {"starts": int(starts), "steps": int(steps), "lr": 0.1, "init": stimulus.INIT,
+                        "blur": stimulus.BLUR, "norm": norm, "seed": int(seed)},
+           "mean_face": f"all {int(np.sum(y == 1))} faces of the evaluation set", "units": []}
+    image, trace = None, []
+    for network, which, subj, u in units:
+        row = {"network": network, "which": which, "neuron": u["neuron"], "layer": u["layer"], "stage": u["stage"],
+               "position": u["position"], "polarity": u["polarity"]}
+        for name, sign in (("own", u["polarity"]), ("opposite", -u["polarity"])):
+            got = stimulus.best_of_starts(one, subj.params, u["layer"], tuple(u["position"]), norm, starts, steps,
+                                          seed=seed, sign=sign)
+            if not len(got["responses"]):
+                row[name] = None
+                continue
+            trace = got["traces"][got["best"]] if (network, name) == ("network", "own") else trace
+            if got["images"] is None:  # not rank 0: the numbers come by broadcast below
+                continue
+            corr = stimulus.face_correlation(got["images"], mean_face, bool(got["even"]))
+            row["even"] = got["even"]
+            row[name] = {"sign": sign, "correlation": float(corr[got["best"]]), "mean": float(np.mean(corr)),
+                         "ci_low": float(np.percentile(corr, 2.5)), "ci_high": float(np.percentile(corr, 97.5)),
+                         "correlations": corr.tolist(), "responses": got["responses"]}
+            if (network, name) == ("network", "own"):
+                image = got["images"][got["best"]]
+        out["units"].append(row)
+    return comm.bcast(out if comm.Get_rank() == 0 else None), image, trace

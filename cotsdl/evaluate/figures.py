@@ -291,28 +291,52 @@ def top_bottom(top: Any, bottom: Any, path: str | os.PathLike, title: str,
 
 
 # -- 5. optimal stimulus ------------------------------------------------------------
-def stimulus(image: Any, path: str | os.PathLike, title: str = "optimal stimulus", mean_face: Any = None) -> Path:
-    """The optimal stimulus, scaled symmetrically around 0, next to the mean face."""
+def stimulus(image: Any, path: str | os.PathLike, title: str = "optimal stimulus", mean_face: Any = None,
+             top: Any = None, note: str = "") -> Path:
+    """The optimal stimulus, scaled symmetrically around 0, the same blurred by a Gaussian of 1 pixel
+    (its pixel-level detail hides its layout when drawn large), the mean face and the (up to 9) most
+    face-like held-out images (``top``, shown as a 3 x 3 mosaic, each scaled to its own range)."""
     img = _symmetric(_hwc(image))
-    n = 1 if mean_face is None else 2
+    panels = [p for p in (mean_face, top) if p is not None]
+    n = 2 + len(panels)
     fig = _figure(figsize=(4.2 * n + 0.8, 4.6))
-    axes = fig.subplots(1, n, squeeze=False)
-    ax = axes[0, 0]
-    ax.set_xticks([])
-    ax.set_yticks([])
+    axes = fig.subplots(1, n, squeeze=False)[0]
+    for ax in axes:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    ax = axes[0]
     if img.shape[2] == 1:
         im = ax.imshow(img[..., 0], cmap="gray", vmin=-1, vmax=1, interpolation="nearest")
         fig.colorbar(im, ax=ax, shrink=0.8, label="value / max|value| (0 = mid gray)")
     else:
         ax.imshow(np.clip(0.5 + 0.5 * img, 0, 1), interpolation="nearest")
-    ax.set_title("optimal stimulus" + ("" if img.shape[2] == 1 else "\n(RGB, 0 = mid gray)"), fontsize=10)
+    ax.set_title("optimal stimulus" + ("" if img.shape[2] == 1 else "\n(RGB, 0 = mid gray)")
+                 + (f"\n{note}" if note else ""), fontsize=10)
+    from .stimulus import gaussian_blur  # noqa: PLC0415 - the one blur of the stimulus module
+
+    soft = _symmetric(gaussian_blur(_hwc(image), 1.0))
+    if soft.shape[2] == 1:
+        axes[1].imshow(soft[..., 0], cmap="gray", vmin=-1, vmax=1, interpolation="nearest")
+    else:
+        axes[1].imshow(np.clip(0.5 + 0.5 * soft, 0, 1), interpolation="nearest")
+    axes[1].set_title("the same, blurred by 1 pixel\n(for viewing only)", fontsize=10)
+    at = 2
     if mean_face is not None:
-        ax2 = axes[0, 1]
         mf = _minmax(_hwc(mean_face))
-        im2 = _show(ax2, mf)
+        im2 = _show(axes[at], mf)
         if mf.shape[2] == 1:
-            fig.colorbar(im2, ax=ax2, shrink=0.8, label="scaled to its own min/max")
-        ax2.set_title("mean face (for comparison)", fontsize=10)
+            fig.colorbar(im2, ax=axes[at], shrink=0.8, label="scaled to its own min/max")
+        axes[at].set_title("mean face of the evaluation set", fontsize=10)
+        at += 1
+    if top is not None:
+        tiles = [_minmax(_hwc(t)) for t in list(top)[:9]]
+        h, w, c = tiles[0].shape
+        mosaic = np.ones((3 * h + 2, 3 * w + 2, c))
+        for i, t in enumerate(tiles):
+            r, q = divmod(i, 3)
+            mosaic[r * (h + 1):r * (h + 1) + h, q * (w + 1):q * (w + 1) + w] = t
+        _show(axes[at], mosaic)
+        axes[at].set_title("its 9 most face-like held-out images", fontsize=10)
     fig.suptitle(title, fontsize=11)
     return _save(fig, path)
 

@@ -123,9 +123,13 @@ def _stage_no(stage: Any) -> Any:
 
 
 def _kinds_table(per_kind: list[dict]) -> list[str]:
-    """Faces against each distractor kind: a row per kind, every measure and the network's differences."""
-    return _scores_table(["distractor kind", "images (groups)"],
-                         [([k.get("kind"), f"{k.get('distractors')} ({k.get('groups')})"], k.get("scores", {}),
+    """Faces against each distractor kind: a row per kind, every measure and the network's differences
+    (and, in reports that decide per kind, whether it beats every deciding control on that kind)."""
+    decided = any("selective" in k for k in per_kind)
+    verdict = {True: "**yes**", False: "no", None: "–"}
+    return _scores_table(["distractor kind", "images (groups)"] + (["beats every deciding control"] if decided else []),
+                         [([k.get("kind"), f"{k.get('distractors')} ({k.get('groups')})"]
+                           + ([verdict[k.get("selective")]] if decided else []), k.get("scores", {}),
                            k.get("differences", {})) for k in per_kind])
 
 
@@ -142,6 +146,23 @@ def _by_stage_table(by_stage: list[dict], comparisons: list[dict]) -> list[str]:
         return {c.get("control"): c for c in comparisons if c.get("measure") == "best_neuron" and c.get("stage") == st}
     return _scores_table(["stage"], [([_stage_no(b.get("stage"))], b.get("intervals", {}), diffs(b.get("stage")))
                                      for b in by_stage])
+
+
+def _stimulus_table(st: dict) -> list[str]:
+    """The optimal stimuli's correlation with the mean face: a row per unit (network's, random-weight's)."""
+    out = ["| network | unit | layer (stage) | polarity | no sign (even) | r of the best start, own polarity "
+           "| mean over starts [2.5%, 97.5%] | opposite polarity: best, mean [2.5%, 97.5%] |",
+           "|---|---|---|---|---|---|---|---|"]
+    for u in st.get("units") or []:
+        own, opp = u.get("own") or {}, u.get("opposite") or {}
+        stage = u.get("stage")
+        out.append(f"| {_cell(u.get('network'))} | {_cell(u.get('which'))} {tuple(u.get('position') or ())} "
+                   f"| {u.get('layer')} ({_stage_no(stage)}) | {'high' if u.get('polarity') == 1 else 'low'} "
+                   f"| {_num(u.get('even'))} | {_num(own.get('correlation'))} "
+                   f"| {_num(own.get('mean'))} {_ci(own.get('ci_low'), own.get('ci_high'))} "
+                   f"| {_num(opp.get('correlation'))}, {_num(opp.get('mean'))} "
+                   f"{_ci(opp.get('ci_low'), opp.get('ci_high'))} |")
+    return out
 
 
 def _stages_table(stages: list[dict]) -> list[str]:
@@ -201,9 +222,13 @@ def _captions(report: dict) -> dict[str, str]:
         "stimulus": f"The input of fixed norm that {'minimizes' if b.get('polarity') == -1 else 'maximizes'} the "
                     f"response of {where} (the face-like direction: it signals faces by responding "
                     f"{'low' if b.get('polarity') == -1 else 'high'}), found by projected gradient "
-                    "ascent through the network, shown symmetric around zero (mid gray is 0), beside the mean "
-                    "face of the selection half. A face-selective neuron's optimal stimulus tends to show a "
-                    "face-like layout (eyes, nose, mouth) where its receptive field lies.",
+                    "ascent through the network from several small random starts (the best is shown, and "
+                    "beside it the same blurred by 1 pixel for viewing; the table “The optimal stimulus against "
+                    "random weights” "
+                    "gives its correlation with the mean face), shown symmetric around zero (mid gray is 0), "
+                    "beside the mean face of the evaluation set and the neuron's 9 most face-like held-out "
+                    "images. A face-selective neuron's optimal stimulus tends to show a face-like layout (eyes, "
+                    "nose, mouth) where its receptive field lies.",
         "throughput": "Training speed from the run's metrics: images per second at each logged step (left), and "
                       "per stage the median time of a step split into local compute and the exchange of "
                       "gradients and halos between ranks (right)"
@@ -282,6 +307,17 @@ def write_report(folder: str | os.PathLike, report: dict, figures: dict[str, Any
         lines += [f"Run `{run['folder']}`" + (f", checkpoint at step {run['step']}." if run.get("step") is not None
                                               else "."), ""]
     lines += ["## Verdict", "", verdict, ""]
+    if report.get("per_kind"):  # first after the verdict: a headline over all distractors can hide a weak kind
+        weak = report.get("weakest_kind") or {}
+        lines += ["## Faces against each kind of distractor", "",
+                  "The rules chosen against all distractors, scored on the faces against one kind of distractor "
+                  "at a time (balanced accuracy [95% interval]); the last columns are the network's paired "
+                  "differences"
+                  + (f"; “beats every deciding control” means the lower end of the interval of each of "
+                     f"{', '.join(report['must_beat'])} is above 0 on that kind" if report.get("must_beat") else "")
+                  + "."
+                  + (f" Weakest kind: **{weak['kind']}** (network − {weak['control']} {_diff(weak)})."
+                     if weak.get("kind") else ""), ""] + _kinds_table(report["per_kind"]) + [""]
     setup = report.get("setup")
     if isinstance(setup, dict) and setup.get("deviations"):
         lines += ["## Setup: where this run departs from the paper", ""]
@@ -321,17 +357,26 @@ def write_report(folder: str | os.PathLike, report: dict, figures: dict[str, Any
                      f"{', '.join(map(str, b['chosen_layers']))}" if b.get("chosen_layers") else "")
                   + (f" and were high for faces in {count.get('high', 0)} split(s), low in {count.get('low', 0)}"
                      if count else "") + ".", ""]
+    st = report.get("stimulus")
+    if isinstance(st, dict) and st.get("units"):
+        cfg = st.get("settings") or {}
+        lines += ["### The optimal stimulus against random weights", "",
+                  "Pearson correlation over pixels of each unit's optimal stimulus with the mean face "
+                  f"({st.get('mean_face', 'of the evaluation set')}), in the space the network sees (after its "
+                  "input preprocessing): the unit's response times its polarity (own) or minus it (opposite) is "
+                  f"maximized under ‖x‖ = {_num(cfg.get('norm'), 2)} (the mean norm of a face) by "
+                  f"{cfg.get('steps')} steps of projected gradient ascent from {cfg.get('starts')} small random "
+                  f"starts ({_num(cfg.get('init'), 2)} of the norm)"
+                  + (f", with a Gaussian blur of {_num(cfg.get('blur'), 2)} pixel between steps" if cfg.get("blur")
+                     else ", without blur") + "; the best response is kept. Where the response "
+                  "to −x equals that to x (measured: squared, pooled filter outputs), the stimulus has no sign and "
+                  "|r| is given. The interval is over the random starts.", ""] + _stimulus_table(st) + [""]
     if report.get("by_stage"):
         lines += ["### The best neuron of each stage", "",
                   "The same choice restricted to the neurons of one stage (its filter, pool and LCN outputs), in the "
                   "trained network and in the same architecture untrained by faces: the paper's face neuron sat at "
                   "the top, while the best neuron overall may be a first-stage unit that random filters match as "
                   "well.", ""] + _by_stage_table(report["by_stage"], report.get("comparisons", [])) + [""]
-    if report.get("per_kind"):
-        lines += ["### Faces against each kind of distractor", "",
-                  "The rules chosen against all distractors, scored on the faces against one kind of distractor "
-                  "at a time (balanced accuracy [95% interval]); the last columns are the network's paired "
-                  "differences.", ""] + _kinds_table(report["per_kind"]) + [""]
     if report.get("probes"):
         lines += ["### Linear probes on each stage", "",
                   "Ridge least squares on all outputs of a stage (its LCN layer), fitted on the selection half and "

@@ -13,7 +13,9 @@
 Each builder is a pure function of its arguments (and of the scikit-image version,
 which is recorded): it writes its full recipe into the file. The 100 LFW faces are
 split once by :func:`face_split` (in :mod:`cotsdl.io.photos`, with the other raw material), which both :func:`natural` and :func:`faces` call,
-so that no face of the evaluation set can ever be mixed into training data.
+so that no face of the evaluation set can ever be mixed into training data; the 100 LFW
+non-faces are split the same way by :func:`nonface_split` (the matched no-face control's
+views against the evaluation's ``lfw_nonface`` distractors).
 
 scikit-image and Pillow are imported only inside the builders that need them
 (``pip install 'cotsdl[data]'``); this module imports with numpy and h5py alone.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -39,7 +42,8 @@ from .augment import MATCH_MIN_STD, Augmentation, cycle as _cycle, matched_crops
 from .augment import phase_scrambled_views as _phase_scrambled, to_uint8 as _to_uint8, views as _views
 from .dataset import DatasetError, DatasetWriter, image_stats, inspect, write_dataset
 from .photos import (FACE_PHOTOS, HELD_OUT_PHOTOS, LFW_FACES, TRAIN_PHOTOS, _as_float, _check, _check_common,  # noqa: F401
-                     _crops, _fit, _lfw_float, _need, _photo, _recipe, _to_channels, face_split, lfw_images)
+                     _crops, _fit, _lfw_float, _need, _photo, _recipe, _to_channels, face_split, lfw_images,
+                     nonface_split)
 
 #: The ``kinds`` of :func:`faces` (index = code); only "face" has label 1.
 KIND_NAMES = ("face", "lfw_nonface", "photo_crop", "phase_scrambled", "matched_crop")
@@ -70,7 +74,8 @@ def _stream(w: DatasetWriter, images: Iterable[np.ndarray], progress: Progress) 
 def natural(path: str | os.PathLike, count: int, size: Sequence[int], channels: int = 1, seed: int = 0,
             scale: Sequence[float] = DEFAULT_SCALE, flip: bool = True, mix_faces: int = 0, face_split_seed: int = 0,
             mixable: int = 50, mode: str = "crop", compression: str | None = None, no_faces: bool = False,
-            face_fraction: float = 0.0, augmentation: Augmentation | None = None) -> Path:
+            face_fraction: float = 0.0, augmentation: Augmentation | None = None,
+            nonface_fraction: float = 0.0) -> Path:
     """Unlabeled random crops of :data:`TRAIN_PHOTOS`, uint8.
 
     Parameters
@@ -107,6 +112,13 @@ def natural(path: str | os.PathLike, count: int, size: Sequence[int], channels: 
         with F = 0. Excludes ``mix_faces`` and ``no_faces``.
     augmentation : Augmentation, optional
         The ranges of the views (default: ``Augmentation()``).
+    nonface_fraction : float
+        With ``no_faces``: the matched no-face control's training set. 0 <= F < 1: the
+        ``round(F * count)`` images that ``face_fraction=F`` (same seed) would make face views
+        are views of the mixable LFW *non-faces* of :func:`nonface_split` instead, at the same
+        positions, with the same augmentation and the same draws (the k-th view of the k-th
+        source), fit to ``size`` as the faces are; the evaluation's ``lfw_nonface`` images are
+        the held-out rest. Excludes ``face_fraction`` and ``mix_faces``.
     """
     size = _check_common(count, size, channels, mode)
     _check(not (no_faces and mix_faces), f"no_faces excludes mix_faces, got mix_faces={mix_faces}")
@@ -115,25 +127,35 @@ def natural(path: str | os.PathLike, count: int, size: Sequence[int], channels: 
     _check(int(mix_faces) == mix_faces and 0 <= mix_faces <= count,
            f"mix_faces must be an integer from 0 to count ({count}), got {mix_faces}")
     n_views = _check_face_fraction(face_fraction, count, mix_faces, no_faces)
+    n_nonface = _check_nonface_fraction(nonface_fraction, count, face_fraction, mix_faces, no_faces)
     mix_idx, held_idx = face_split(face_split_seed, mixable)
-    _check((mix_faces == 0 and n_views == 0) or len(mix_idx) > 0,
-           f"{'mix_faces' if mix_faces else 'face_fraction'} > 0 needs mixable >= 1, got mixable={mixable}")
+    what = "mix_faces" if mix_faces else "face_fraction" if n_views else "nonface_fraction"
+    _check((mix_faces == 0 and n_views == 0 and n_nonface == 0) or len(mix_idx) > 0,
+           f"{what} > 0 needs mixable >= 1, got mixable={mixable}")
     aug = Augmentation() if augmentation is None else augmentation
-    face_at = _face_positions(seed, int(count), int(mix_faces) or n_views, len(mix_idx))
+    nonface_mix, nonface_held = nonface_split(face_split_seed, mixable)
+    sources = nonface_mix if n_nonface else mix_idx  # the same number: the same positions and draws
+    face_at = _face_positions(seed, int(count), int(mix_faces) or n_views or n_nonface, len(sources))
     names = [n for n in TRAIN_PHOTOS if not (no_faces and n in FACE_PHOTOS)]
     photos = [_photo(name, channels) for name in names]
     params = {"count": int(count), "size": list(size), "channels": channels, "scale": list(scale), "flip": bool(flip),
               "mix_faces": int(mix_faces), "face_split_seed": int(face_split_seed), "mixable": int(mixable),
               "mode": mode, "no_faces": bool(no_faces), "face_fraction": float(face_fraction),
-              "augmentation": aug.as_dict() if n_views else None}
+              "augmentation": aug.as_dict() if n_views or n_nonface else None}
+    extra = {}
+    if n_nonface:  # (only then: other recipes are as they were)
+        params["nonface_fraction"] = float(nonface_fraction)
+        extra = {"nonface_views": n_nonface,
+                 "nonface_split": {"mixable": nonface_mix.tolist(), "held_out": nonface_held.tolist()}}
     recipe = _recipe("natural", seed, params, sources=names, face_views=n_views,
-                     face_split={"mixable": mix_idx.tolist(), "held_out": held_idx.tolist()} if face_at else None)
+                     face_split={"mixable": mix_idx.tolist(), "held_out": held_idx.tolist()}
+                     if face_at and not n_nonface else None, **extra)
     crops = _crops(np.random.default_rng(seed), photos, int(count), size, scale, flip, skip=face_at)
     if mix_faces:
         face_imgs = lfw_images(mix_idx, size, channels, mode)
         images = (face_imgs[face_at[i]] if img is None else img for i, img in enumerate(crops))
     else:  # views are made as the stream reaches them: constant memory for any fraction
-        fitted = _lfw_float(mix_idx, size, channels, mode) if face_at else None
+        fitted = _lfw_float(sources, size, channels, mode) if face_at else None
         vrng = np.random.default_rng([seed, 2])
         images = (_views(fitted, [face_at[i]], vrng, aug)[0] if img is None else img for i, img in enumerate(crops))
     with DatasetWriter(path, int(count), size + (channels,), np.uint8, recipe, compression=compression) as w, \
@@ -152,6 +174,18 @@ def _check_face_fraction(face_fraction: float, count: int, mix_faces: int, no_fa
     return int(round(f * int(count)))
 
 
+def _check_nonface_fraction(nonface_fraction: float, count: int, face_fraction: float, mix_faces: int,
+                            no_faces: bool) -> int:
+    """The number of non-face views ``nonface_fraction`` asks for (0 <= F < 1; only with no_faces)."""
+    f = float(nonface_fraction)
+    _check(0.0 <= f < 1.0, f"nonface_fraction must be from 0 to less than 1, got {nonface_fraction}")
+    _check(not f or no_faces, f"nonface_fraction needs no_faces (the matched control has no face anywhere), got "
+                              f"nonface_fraction={nonface_fraction} without no_faces")
+    _check(not (f and (face_fraction or mix_faces)), f"nonface_fraction excludes face_fraction and mix_faces, got "
+                                                     f"face_fraction={face_fraction} and mix_faces={mix_faces}")
+    return int(round(f * int(count)))
+
+
 def _face_positions(seed: int, count: int, k: int, n_faces: int) -> dict[int, int]:
     """{position: index of a mixable face} for k faces among count images, from a stream of
     its own (seed, 1), so the crops stay the same; faces repeat only past n_faces."""
@@ -163,7 +197,7 @@ def _face_positions(seed: int, count: int, k: int, n_faces: int) -> dict[int, in
 
 
 def faces(path: str | os.PathLike, size: Sequence[int], channels: int = 1, seed: int = 0, face_split_seed: int = 0,
-          mixable: int = 50, views: int = DEFAULT_VIEWS, lfw_nonfaces: int = LFW_FACES, photo_crops: int = 100,
+          mixable: int = 50, views: int = DEFAULT_VIEWS, lfw_nonfaces: int | None = None, photo_crops: int = 100,
           phase_scrambled: int = 100, matched_crops: int = 100, augmentation: Augmentation | None = None,
           mode: str = "crop", compression: str | None = None) -> Path:
     """The labeled evaluation set, uint8: labels 1 = face, 0 = distractor, with ``groups`` and ``kinds``.
@@ -172,7 +206,8 @@ def faces(path: str | os.PathLike, size: Sequence[int], channels: int = 1, seed:
     :func:`face_split` (never a mixable one, which training may see). lfw_subset() has
     no identity labels: each of its faces counts as one identity (a person shown twice
     would be two), and its group is its LFW index 0..99. Distractors, by kind:
-    "lfw_nonface": ``lfw_nonfaces`` of the 100 LFW non-faces (group: LFW index);
+    "lfw_nonface": ``lfw_nonfaces`` of the held-out LFW non-faces of :func:`nonface_split` (never
+    one that a matched no-face control trains on; group: LFW index);
     "photo_crop": random crops of :data:`HELD_OUT_PHOTOS`; "phase_scrambled": views of
     held-out faces with random phases (:func:`~cotsdl.io.augment.phase_scramble`), in
     their identity's group; "matched_crop": other crops of the held-out photographs
@@ -186,7 +221,8 @@ def faces(path: str | os.PathLike, size: Sequence[int], channels: int = 1, seed:
     views : int
         Views per held-out identity (default 8: 400 faces with the default split).
     lfw_nonfaces, photo_crops, phase_scrambled, matched_crops : int
-        How many distractors of each kind (0..100 LFW non-faces, a seeded choice).
+        How many distractors of each kind (LFW non-faces: a seeded choice of the 100 - ``mixable``
+        held-out ones; None, the default: all of them).
     augmentation : Augmentation, optional
         The ranges of the views (default: ``Augmentation()``).
     """
@@ -195,15 +231,18 @@ def faces(path: str | os.PathLike, size: Sequence[int], channels: int = 1, seed:
     for name, v in counts.items():
         _check(int(v) == v and v >= 0, f"{name} must be a non-negative integer, got {v}")
     _check(int(views) == views and views >= 1, f"views must be a positive integer, got {views}")
-    _check(int(lfw_nonfaces) == lfw_nonfaces and 0 <= lfw_nonfaces <= LFW_FACES,
-           f"lfw_nonfaces must be an integer from 0 to {LFW_FACES}, got {lfw_nonfaces}")
-    aug = Augmentation() if augmentation is None else augmentation
     mix_idx, held_idx = face_split(face_split_seed, mixable)
+    nonface_mix, nonface_held = nonface_split(face_split_seed, mixable)
+    lfw_nonfaces = len(nonface_held) if lfw_nonfaces is None else lfw_nonfaces
+    _check(int(lfw_nonfaces) == lfw_nonfaces and 0 <= lfw_nonfaces <= len(nonface_held),
+           f"lfw_nonfaces must be an integer from 0 to {len(nonface_held)} (the LFW non-faces held out from "
+           f"training with mixable={mixable}), got {lfw_nonfaces}")
+    aug = Augmentation() if augmentation is None else augmentation
     fitted = _lfw_float(held_idx, size, channels, mode)
     rngs = [np.random.default_rng([seed, k]) for k in range(7)]  # one stream per part
     which = np.repeat(np.arange(len(held_idx)), int(views))
     face_imgs = _views(fitted, which, rngs[0], aug)
-    nonface_idx = np.sort(rngs[1].choice(LFW_FACES, int(lfw_nonfaces), replace=False)) + LFW_FACES
+    nonface_idx = np.sort(rngs[1].choice(nonface_held, int(lfw_nonfaces), replace=False))
     photos = [_photo(name, channels) for name in HELD_OUT_PHOTOS]
     crops = list(_crops(rngs[2], photos, int(photo_crops), size, DEFAULT_SCALE, True))
     scrambled, scrambled_src = _phase_scrambled(fitted, int(phase_scrambled), rngs[3], aug)
@@ -220,9 +259,30 @@ def faces(path: str | os.PathLike, size: Sequence[int], channels: int = 1, seed:
               "augmentation": aug.as_dict(), "match_min_std": MATCH_MIN_STD}
     recipe = _recipe("faces", seed, params, sources=["lfw_subset"] + list(HELD_OUT_PHOTOS),
                      face_split={"mixable": mix_idx.tolist(), "held_out": held_idx.tolist()},
-                     kind_names=list(KIND_NAMES), kind_counts={n: len(p[0]) for n, p in zip(KIND_NAMES, parts)})
+                     nonface_split={"mixable": nonface_mix.tolist(), "held_out": nonface_held.tolist()},
+                     lfw_nonfaces=nonface_idx.tolist(), kind_names=list(KIND_NAMES),
+                     kind_counts={n: len(p[0]) for n, p in zip(KIND_NAMES, parts)})
     return write_dataset(path, images[order], labels[order], recipe, compression, groups=groups[order],
                          kinds=kinds[order], kind_names=KIND_NAMES)
+
+
+def lfw_overlap(training_recipe: dict, evaluation: str | os.PathLike) -> list[int]:
+    """The LFW non-faces (``lfw_subset()`` indices) that a training set made views of (a matched
+    control's, ``natural(nonface_fraction=...)``) and that the labeled set ``evaluation`` shows as
+    ``lfw_nonface`` distractors (their group is the LFW index): empty, or the control has seen
+    evaluation images."""
+    split = training_recipe.get("nonface_split") if isinstance(training_recipe, dict) else None
+    used = set((split or {}).get("mixable", [])) if training_recipe.get("nonface_views") else set()
+    if not used:
+        return []
+    with h5py.File(evaluation, "r") as f:
+        if "kinds" not in f or "groups" not in f or "kind_names" not in f["kinds"].attrs:
+            return []
+        names = json.loads(f["kinds"].attrs["kind_names"])
+        if "lfw_nonface" not in names:
+            return []
+        shown = f["groups"][:][f["kinds"][:] == names.index("lfw_nonface")]
+    return sorted(used & {int(v) for v in shown})
 
 
 def _assemble(parts: Sequence[tuple[np.ndarray, np.ndarray | None]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

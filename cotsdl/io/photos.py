@@ -197,6 +197,20 @@ def face_split(face_split_seed: int = 0, mixable: int = 50) -> tuple[np.ndarray,
     return np.sort(perm[:mixable]), np.sort(perm[mixable:])
 
 
+def nonface_split(face_split_seed: int = 0, mixable: int = 50) -> tuple[np.ndarray, np.ndarray]:
+    """Split the 100 LFW non-faces as :func:`face_split` splits the faces: ``mixable`` of them may go
+    into training data (the matched no-face control's views), the rest are held out (the evaluation's
+    ``lfw_nonface`` distractors), so no training view is ever of an evaluation image.
+
+    Returns
+    -------
+    mixable_idx, held_out_idx : sorted int arrays of indices into ``lfw_subset()`` (100..199)
+    """
+    face_split(face_split_seed, mixable)  # the same check of ``mixable``
+    perm = np.random.default_rng([face_split_seed, 1]).permutation(LFW_FACES)  # a stream of its own
+    return np.sort(perm[:mixable]) + LFW_FACES, np.sort(perm[mixable:]) + LFW_FACES
+
+
 def _lfw_float(indices: Sequence[int], size: tuple[int, int], channels: int, mode: str) -> np.ndarray:
     """LFW images fit to ``size``, float64 (n, H, W, channels) in [0, 1] (before quantization)."""
     lfw = _lfw()

@@ -58,9 +58,14 @@ def test_evaluate_writes_the_report_and_agrees_across_ranks(setup):  # noqa: F81
         assert 300 <= w <= 4000 and 200 <= h <= 4000
     assert a["verdict"]["sentence"] in md
     overall = [c for c in a["comparisons"] if c["measure"] == "best_neuron" and "stage" not in c]
-    assert a["verdict"]["sentence"].count("random_weights") == 2  # once overall, once within the last stage
+    # once overall, once within the last stage, once for the weakest kind when it is the control named there
+    weakest = a["weakest_kind"]["control"] == "random_weights"
+    assert a["verdict"]["sentence"].count("random_weights") == 2 + weakest
+    assert f"the weakest kind is {a['weakest_kind']['kind']}" in a["verdict"]["sentence"]
     assert f"random_weights {overall[0]['difference']:+.3f}" in a["verdict"]["sentence"]
-    assert "### Faces against each kind of distractor" in md and "### Linear probes on each stage" in md
+    assert "## Faces against each kind of distractor" in md and "### Linear probes on each stage" in md
+    # the per-kind table comes first after the verdict
+    assert md.index("## Verdict") < md.index("## Faces against each kind of distractor") < md.index("## Setup")
     assert "## Stages" in md and "### The best neuron of each stage" in md
     assert "## Setup: where this run departs from the paper" in md and "inputs 12×12×1" in md
     assert a["setup"]["face_fraction"] is None  # the tiny set was not built by `natural`

@@ -61,6 +61,12 @@ def test_a_planted_face_neuron_is_found_and_called_selective(labeled):
     corr = np.corrcoef(figs["stimulus"].ravel(), pattern.ravel())[0, 1]
     assert corr > 0.9, corr
     assert report["best"]["stimulus_trace"][-1] > report["best"]["stimulus_trace"][0]
+    # the stimulus measure: correlation with the mean face, far above the random-weight network's best unit
+    net_st, rnd_st = report["stimulus"]["units"][:2]
+    assert (net_st["network"], rnd_st["network"]) == ("network", "random_weights")
+    assert net_st["own"]["correlation"] > 0.8 and net_st["own"]["ci_low"] > 0.8
+    assert net_st["own"]["correlation"] > max(rnd_st["own"]["correlation"], rnd_st["opposite"]["correlation"]) + 0.4
+    assert net_st["opposite"]["correlation"] < -0.8  # a linear unit: the other polarity gives minus the face
 
 
 def test_random_weights_are_not_called_selective(labeled):
@@ -172,3 +178,35 @@ def test_the_report_numbers_schema_groups_and_kinds(tmp_path):
         "network", "random_weights", "no_faces", "pixels"}
     for sel, test in scoring.stratified_splits(y, 6, 3, groups, kinds):
         assert not set(groups[sel]) & set(groups[test])
+
+
+def test_the_verdict_per_kind_names_the_weakest_kind(tmp_path):
+    """Distractors of two kinds: noise, and 'lookalikes' that carry the faces' pattern. The planted neuron
+    beats every control on the noise but on no control on the lookalikes: per kind it is selective on one
+    kind only, and the lookalikes are the weakest kind; a third, named control run decides too."""
+    rng = np.random.default_rng(1)
+    pattern = rng.standard_normal((12, 12))
+    pattern *= 4.0 / np.linalg.norm(pattern)
+    kinds = np.arange(240) % 3  # 0 face, 1 noise, 2 lookalike
+    x = rng.standard_normal((240, 12, 12)) + (kinds != 1)[:, None, None] * pattern
+    path = tmp_path / "kinds.h5"
+    write_dataset(path, x.astype(np.float32), labels=(kinds == 0).astype(np.int64), groups=np.arange(240),
+                  kinds=kinds.astype(np.int8), kind_names=["face", "noise", "lookalike"],
+                  recipe={"builder": "test: planted pattern, two distractor kinds"})
+    subject, controls = subjects(pattern, planted=True)
+    plan = controls[0].plan
+    controls.append(experiment.Subject("matched", "yet other random weights", plan, plan.init_params(9)))
+    with HDF5Source(path, shuffle=False, preprocess="none", prefetch=False) as src:
+        report, _ = experiment.run(subject, controls, src, k=6, seed=0, stimulus_steps=0, stimulus_starts=1,
+                                   resamples=200)
+    assert report["must_beat"] == ["random_weights", "no_faces", "matched"]
+    assert "matched" in report["verdicts"] and any(c["control"] == "matched" for c in report["comparisons"])
+    by = {k["kind"]: k for k in report["per_kind"]}
+    assert by["noise"]["selective"] is True and set(by["noise"]["beats"]) == {"random_weights", "no_faces", "matched"}
+    assert by["lookalike"]["selective"] is False and not any(by["lookalike"]["beats"].values())
+    assert report["selective_every_kind"] is False
+    weak = report["weakest_kind"]
+    assert weak["kind"] == "lookalike" and weak["control"] in report["must_beat"] and weak["beats"] is False
+    assert weak["difference"] == min(by["lookalike"]["differences"][c]["difference"] for c in report["must_beat"])
+    probes = {c["control"] for c in report["comparisons"] if c["measure"] == "linear_probe"}
+    assert probes == {"random_weights", "no_faces", "matched"}

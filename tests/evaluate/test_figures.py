@@ -224,11 +224,15 @@ def test_a_planted_filter_appears_in_its_tile_with_its_sign(figures, tmp_path):
 
 
 def test_the_stimulus_figure_shows_the_stimulus(figures, tmp_path):
-    """A bright square on a dark ground comes out bright where the square is."""
+    """A bright square on a dark ground comes out bright where the square is (in the left panel: the
+    stimulus; the right one, the same blurred for viewing, shows it too)."""
     img = -np.ones((20, 20))
     img[5:10, 12:17] = 1.0
     gray = _pixels(figures.stimulus(img, tmp_path / "s.png")).mean(axis=2)
     dark = _pixels(figures.stimulus(-np.ones((20, 20)) + 1e-9 * np.eye(20), tmp_path / "d.png")).mean(axis=2)
+    half = gray.shape[1] // 2
+    assert (np.abs(gray - dark)[:, half:] > 0.3).any()  # the blurred panel
+    gray, dark = gray[:, :half], dark[:, :half]
     ys, xs = np.nonzero(np.abs(gray - dark) > 0.5)
     # the square's bounding box, relative to the image's (the only place where the two differ)
     assert len(ys) > 0

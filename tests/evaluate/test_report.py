@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from cotsdl.cli.evaluate import _sentence
+from cotsdl.cli.evaluate import _sentence, control_runs
 from cotsdl.evaluate import report as rep
 
 
@@ -84,3 +84,66 @@ def test_the_verdict_sentence(selective, missing, says):
     assert "0.900 (95% interval [0.860, 0.940] over 90 groups)" in s and "low for faces" in s
     assert "random_weights +0.120 [0.050, 0.200]" in s
     assert ("no_faces" in s) == (not missing)
+
+
+def with_kinds(r, lookalike_beats_matched=False):
+    """Two kinds decided against three controls: photo crops beaten by all, LFW non-faces not by 'matched'."""
+    r["must_beat"] = ["random_weights", "no_faces", "matched"]
+    lo = 0.01 if lookalike_beats_matched else -0.05
+    r["per_kind"] = [
+        {"kind": "photo_crop", "distractors": 100, "groups": 100,
+         "scores": {"network": score(0.95, 0.92, 0.97), "matched": score(0.8, 0.75, 0.85)},
+         "differences": {"random_weights": diff(0.3, 0.2, 0.4), "no_faces": diff(0.15, 0.1, 0.2),
+                         "matched": diff(0.15, 0.1, 0.2)},
+         "beats": {"random_weights": True, "no_faces": True, "matched": True}, "selective": True},
+        {"kind": "lfw_nonface", "distractors": 50, "groups": 50,
+         "scores": {"network": score(0.86, 0.8, 0.9), "matched": score(0.86, 0.8, 0.9)},
+         "differences": {"random_weights": diff(0.13, 0.08, 0.18), "no_faces": diff(0.0, -0.05, 0.05),
+                         "matched": diff(0.002 if lookalike_beats_matched else -0.01, lo, 0.04)},
+         "beats": {"random_weights": True, "no_faces": False, "matched": lookalike_beats_matched},
+         "selective": False}]
+    r["weakest_kind"] = {"kind": "lfw_nonface", "control": "no_faces", "difference": 0.0, "ci_low": -0.05,
+                         "ci_high": 0.05, "score": 0.86, "beats": False}
+    return r
+
+
+def test_the_per_kind_table_comes_first_after_the_verdict(tmp_path):
+    _, md_path = rep.write_report(tmp_path, with_kinds(make()), {})
+    md = md_path.read_text()
+    assert md.index("## Verdict") < md.index("## Faces against each kind of distractor") < md.index(
+        "## The best neuron against the controls")
+    assert "Weakest kind: **lfw_nonface** (network − no_faces +0.000 [-0.050, 0.050])" in md
+    assert re.search(r"^\| photo_crop \| 100 \(100\) \| \*\*yes\*\* \| 0\.950 \[0\.920, 0\.970\] ", md, re.M), md
+    assert re.search(r"^\| lfw_nonface \| 50 \(50\) \| no \| ", md, re.M), md
+    assert "random_weights, no_faces, matched is above 0 on that kind" in md
+
+
+def test_the_verdict_names_the_weakest_kind():
+    s = _sentence(with_kinds(make(True)))
+    assert ("It beats the random-weight network, the network trained without faces and the matched network "
+            "(LFW non-faces in place of the faces)") in s
+    assert ("Per kind of distractor, it beats every deciding control on 1 of 2 kinds (not on lfw_nonface); the "
+            "weakest kind is lfw_nonface: network 0.860, minus no_faces +0.000 [-0.050, 0.050]: on lfw_nonface it "
+            "shows no gain over the network trained without faces.") in s
+    assert "It does not beat all of" in _sentence(with_kinds(make(False)))
+
+
+@pytest.mark.parametrize("values, expect", [
+    (["runs/a"], [("no_faces", "runs/a")]),
+    (["runs/a", "matched=runs/b"], [("no_faces", "runs/a"), ("matched", "runs/b")]),
+    (["matched=runs/b", "runs/a", "other_2=x=y"], [("matched", "runs/b"), ("no_faces", "runs/a"),
+                                                    ("other_2", "x=y")]),
+])
+def test_control_runs_are_named(values, expect):
+    assert control_runs(values) == expect
+
+
+@pytest.mark.parametrize("values, message", [
+    (["runs/a", "runs/b"], "only one control run may go unnamed"),
+    (["random_weights=runs/a"], "'random_weights' names another measure"),
+    (["m=runs/a", "m=runs/b"], "the name 'm' is given twice"),
+    (["no_faces=runs/a", "runs/b"], "only one control run may go unnamed"),
+])
+def test_bad_control_run_names(values, message):
+    with pytest.raises(ValueError, match=message):
+        control_runs(values)

@@ -97,22 +97,22 @@ def test_faces_deterministic_and_labeled(tmp_path, skimage):
     x, y = build_twice(tmp_path, builders.faces, SIZE, seed=2, **FACES_SMALL)
     assert_same(x, y)
     images, labels, recipe, _, _ = x
-    n = 60 * 2 + 100 + 7 + 5 + 6
+    n = 60 * 2 + 60 + 7 + 5 + 6  # 60 held-out faces x 2 views; the 60 held-out LFW non-faces
     assert images.shape == (n,) + SIZE + (1,) and images.dtype == np.uint8
     assert labels.dtype == np.int64 and labels.sum() == 120 and len(labels) == n
     mix, held = builders.face_split(1, 40)
     assert recipe["face_split"] == {"mixable": mix.tolist(), "held_out": held.tolist()}
     assert recipe["builder"] == "faces" and set(builders.HELD_OUT_PHOTOS) <= set(recipe["sources"])
     assert recipe["params"]["views"] == 2 and recipe["params"]["augmentation"] == Augmentation().as_dict()
-    assert recipe["kind_counts"] == {"face": 120, "lfw_nonface": 100, "photo_crop": 7, "phase_scrambled": 5,
+    assert recipe["kind_counts"] == {"face": 120, "lfw_nonface": 60, "photo_crop": 7, "phase_scrambled": 5,
                                      "matched_crop": 6}
     assert 0 < labels[:120].sum() < 120  # shuffled
     builders.faces(tmp_path / "c.h5", SIZE, seed=3, **FACES_SMALL)
     other, other_labels, *_ = read(tmp_path / "c.h5")
     assert not np.array_equal(other, images)
-    # another seed: other views and crops; the same 100 LFW non-faces
-    assert len(set(hashes(other)) & set(hashes(images))) == 100
-    assert set(hashes(builders.lfw_images(range(100, 200), SIZE))) <= set(hashes(other))
+    # another seed: other views and crops; the same 60 held-out LFW non-faces
+    assert len(set(hashes(other)) & set(hashes(images))) == 60
+    assert set(hashes(builders.lfw_images(builders.nonface_split(1, 40)[1], SIZE))) <= set(hashes(other))
 
 
 def test_no_held_out_image_leaks_into_training_data(tmp_path, skimage):

@@ -118,11 +118,13 @@ def test_default_evaluation_set(default_set):
     _, labels, groups, kinds, recipe = load(default_set)
     assert labels.dtype == np.int64 and groups.dtype == np.int64 and kinds.dtype == np.int8
     assert labels.sum() >= 300 and np.array_equal(labels == 1, kinds == KIND["face"])
-    assert np.bincount(kinds).tolist() == [400, 100, 100, 100, 100]
+    assert np.bincount(kinds).tolist() == [400, 50, 100, 100, 100]  # the 50 LFW non-faces held out from training
     held = builders.face_split(0, 50)[1]
     face_groups = groups[kinds == KIND["face"]]
     assert sorted(set(face_groups.tolist())) == held.tolist() and set(np.bincount(face_groups)[held]) == {8}
-    assert sorted(groups[kinds == KIND["lfw_nonface"]].tolist()) == list(range(100, 200))  # the LFW index
+    nonface_held = builders.nonface_split(0, 50)[1]  # the LFW index, never one a matched control trains on
+    assert sorted(groups[kinds == KIND["lfw_nonface"]].tolist()) == nonface_held.tolist()
+    assert recipe["lfw_nonfaces"] == nonface_held.tolist()
     own = groups[(kinds == KIND["photo_crop"]) | (kinds == KIND["matched_crop"])]
     assert len(set(own.tolist())) == 200 and own.min() >= 200  # each its own group
     assert recipe["kind_names"] == list(builders.KIND_NAMES) and recipe["params"]["views"] == 8
@@ -228,7 +230,8 @@ def test_cli_rejects_bad_face_fractions(tmp_path, capsys, argv, message):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--lfw-nonfaces", 101], "lfw_nonfaces must be an integer from 0 to 100, got 101"),
+    (["--lfw-nonfaces", 51], "lfw_nonfaces must be an integer from 0 to 50 (the LFW non-faces held out from "
+                             "training with mixable=50), got 51"),
     (["--mixable", 99, "--views", 1, "--photo-crops", 0], None),  # the smallest set: 1 face
 ])
 def test_cli_faces_options(tmp_path, capsys, argv, message):
@@ -243,5 +246,5 @@ def test_cli_faces_options(tmp_path, capsys, argv, message):
 def test_inspect_shows_kinds_and_groups(default_set, capsys):
     assert cli(inspect_cmd, "inspect", default_set) == 0
     out = capsys.readouterr().out
-    assert "  kinds: face: 400, lfw_nonface: 100, photo_crop: 100, phase_scrambled: 100, matched_crop: 100" in out
-    assert "  groups: 350 (the unit of bootstrap resampling)" in out and out.rstrip().endswith("valid")
+    assert "  kinds: face: 400, lfw_nonface: 50, photo_crop: 100, phase_scrambled: 100, matched_crop: 100" in out
+    assert "  groups: 300 (the unit of bootstrap resampling)" in out and out.rstrip().endswith("valid")
