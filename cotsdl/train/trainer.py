@@ -21,7 +21,7 @@ from mpi4py import MPI
 from .. import backend
 from ..array.collect import gather
 from ..array import collective
-from ..array.collective import agree, agreed, raise_collectively, sum_values, wait_idle
+from ..array.collective import agree, agreed, raise_collectively, sum_values
 from ..array.distarray import DistArray
 from ..array.grid import split_replicas
 from ..io import checkpoint
@@ -29,7 +29,7 @@ from ..io.input_lcn import InputLCN
 from ..nn.network import Network, filter_norms, project_norm
 from ..nn.plan import NetworkPlan
 from ..nn import stage_stats as monitor
-from . import allreduce, resume, schedules, vitals
+from . import allreduce, auto, resume, schedules, vitals
 from .objective import StageObjective
 from .optim import Optimizer
 from .norms import stage_norms
@@ -182,13 +182,14 @@ class GreedyTrainer:
         #: why ``overlap="auto"`` chose what it did (None: overlap was given)
         self.overlap_reason: str | None = None
         if isinstance(overlap, str):
-            choice = self._auto_overlap(network, int(batch), replicas, np.dtype(dtype), tied, len(optimizer.slots))
+            choice = auto.overlap(self.world, self.decomposition.grid.dims, network, int(batch), replicas,
+                                  np.dtype(dtype), tied, len(optimizer.slots))
             overlap, self.overlap_reason = choice.on, choice.reason
         #: why ``fuse="auto"`` chose what it did (None: the stages were given)
         self.fuse_reason: str | None = None
         if fixed_fuse is None:
-            choice = self._auto_fuse(network, int(batch), replicas, np.dtype(dtype), tied, len(optimizer.slots),
-                                     bool(overlap))
+            choice = auto.fuse(self.world, self.decomposition.grid.dims, network, int(batch), replicas,
+                               np.dtype(dtype), tied, len(optimizer.slots), bool(overlap))
             fixed_fuse, self.fuse_reason = choice.stages, choice.describe()
         self.plan = NetworkPlan(network, self.decomposition.grid, int(batch), dtype, overlap=bool(overlap),
                                 fuse=fixed_fuse)
@@ -213,55 +214,6 @@ class GreedyTrainer:
         #: the signs of a stage that stopped learning (silence, a frozen loss), step by step
         self.vitals = vitals.Vitals(self.plan.dtype)
         self._read_wait = 0.0  # seconds the last step waited for its minibatch (this rank)
-
-    def _auto_overlap(self, network: Network, batch: int, replicas: int, dtype: np.dtype, tied: bool, slots: int):
-        """``overlap="auto"`` on this grid: decided on rank 0 (its machine file, as ``cotsdl plan`` reads
-        it) and broadcast, so that every rank overlaps alike (collective).  Where the model decides and the
-        load now differs from its calibration's, the reason ends with the warning (rank 0 measures 0.5 s)."""
-        from ..array.grid import placement, rank_nodes  # noqa: PLC0415
-        from ..planner import load  # noqa: PLC0415
-        from ..planner.overlap import choose_overlap, model_machine, with_load_warning  # noqa: PLC0415 - "auto" only
-
-        # (collective) ranks sharing a node share its cores (the most crowded node sets the pace); does
-        # every model group (consecutive ranks, split_replicas) sit on one node?
-        per_node, together = placement(rank_nodes(self.world), self.world.Get_size(), replicas)
-        pids, cpus = load.job_on_host(self.world)  # (collective) the load now is of processes outside the run
-        choice, err = None, None
-        if self.world.Get_rank() == 0:
-            try:
-                machine, why = model_machine()
-                choice = choose_overlap(network, batch, self.world.Get_size(), self.decomposition.grid.dims, replicas,
-                                        machine, dtype=dtype.name, optimizer_slots=slots, ranks_per_node=per_node,
-                                        tied=bool(tied), no_machine=why, group_on_one_node=together)
-                choice = with_load_warning(choice, machine, pids, cpus)
-            except Exception as e:  # noqa: BLE001 - reported on every rank below
-                err = (f'overlap = "auto": the run planner failed ({type(e).__name__}: {e}); give overlap=True or '
-                       'False (parallel.overlap = true or false)')
-        wait_idle(self.world)  # the others sleep: polling in a blocking call would take the cores rank 0 measures
-        raise_collectively(self.world, err, RuntimeError)
-        return self.world.bcast(choice, root=0)
-
-    def _auto_fuse(self, network: Network, batch: int, replicas: int, dtype: np.dtype, tied: bool, slots: int,
-                   overlap: bool):
-        """``fuse="auto"``: decided on rank 0 with the machine ``overlap="auto"`` uses, and broadcast
-        (collective)."""
-        from ..array.grid import placement, rank_nodes  # noqa: PLC0415
-        from ..planner.fuse import choose_fuse  # noqa: PLC0415
-        from ..planner.overlap import model_machine  # noqa: PLC0415
-
-        per_node, _ = placement(rank_nodes(self.world), self.world.Get_size(), replicas)  # (collective)
-        choice, err = None, None
-        if self.world.Get_rank() == 0:
-            try:
-                machine, why = model_machine()
-                choice = choose_fuse(network, batch, self.world.Get_size(), self.decomposition.grid.dims, replicas,
-                                     machine, no_machine=why, dtype=dtype.name, optimizer_slots=slots,
-                                     ranks_per_node=per_node, tied=bool(tied), overlap=overlap)
-            except Exception as e:  # noqa: BLE001 - reported on every rank below
-                err = (f'fuse = "auto": the run planner failed ({type(e).__name__}: {e}); give the stages '
-                       '(parallel.fuse = "off", "on" or a list)')
-        raise_collectively(self.world, err, RuntimeError)
-        return self.world.bcast(choice, root=0)
 
     @staticmethod
     def _checkpoint_bytes(network: Network, optimizer: Optimizer, dtype: np.dtype, tied: bool) -> int:
