@@ -20,8 +20,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-#: Lower edges (degrees of ``theta``) of the histogram's bins, each 45 degrees wide and
-#: centred on 0, 45, 90, 135: 0 = vertical gratings, 90 = horizontal ones.
+#: Centres (degrees of ``theta``) of the histogram's bins, each 45 degrees wide: 0 = vertical
+#: gratings, 90 = horizontal ones.
 BIN_CENTRES = (0, 45, 90, 135)
 _PAD = 16  # FFT size: a 7x7 filter zero-padded to 16x16, 1/16 cycle per pixel: enough for a power-weighted mean angle
 _CHUNK = 2048  # units transformed at a time (bounded memory for any stage)
