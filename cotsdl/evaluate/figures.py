@@ -99,10 +99,39 @@ def _spread_sites(sh: int, sw: int, n: int) -> list[tuple[int, int]]:
     return sorted(out)
 
 
+def _orientation_map(ax, w: np.ndarray) -> None:
+    """Per site a line along the stripes of its units' mean orientation, as long as they agree
+    (``nn.orientation``); the border sites in red, with the share of units parallel to the nearest
+    edge at the border and inside (``orientation.compare``) in the title."""
+    from matplotlib.collections import LineCollection  # noqa: PLC0415
+
+    from ..nn.orientation import border_sites, compare, orientations  # noqa: PLC0415
+    theta, _ = orientations(w)
+    z = np.exp(2j * theta).mean(axis=2)  # per site: the mean doubled angle of its units
+    sh, sw = z.shape
+    half, ang = 0.45 * np.abs(z), np.angle(z) / 2
+    dx, dy = -np.sin(ang) * half, np.cos(ang) * half  # stripes run across the wave vector (cos, sin) = (col, row)
+    i, j = np.mgrid[0:sh, 0:sw]
+    segs = np.stack([np.stack([j - dx, i - dy], -1), np.stack([j + dx, i + dy], -1)], axis=-2).reshape(-1, 2, 2)
+    border = border_sites((sh, sw))
+    colors = np.where(border.reshape(-1, 1), (0.8, 0.1, 0.1, 1.0), (0.15, 0.15, 0.15, 1.0))
+    ax.add_collection(LineCollection(segs, colors=colors, linewidths=1.2))
+    ax.set_xlim(-1, sw)
+    ax.set_ylim(sh, -1)
+    ax.set_aspect("equal")
+    ax.set_xlabel("site column")
+    ax.set_ylabel("site row")
+    c = compare(theta, border)
+    ax.set_title(f"dominant orientation per site\n(line along the stripes; length: how far\nits {w.shape[2]} units "
+                 f"agree)\nparallel to the nearest edge:\nborder sites (red) {c['border_edge_parallel']:.0%}, "
+                 f"inner {c['interior_edge_parallel']:.0%}\n(orientations spread evenly: 25%)", fontsize=9)
+
+
 def filters(w: Any, path: str | os.PathLike, sites: int = 4, max_neurons: int = 32,
             title: str = "first-stage filters (one per site and neuron)") -> Path:
     """A grid of first-stage filters: rows are sites (i, j) spread over the image,
-    columns the first ``max_neurons`` neurons; ``w`` is (SH, SW, M, rh, rw, C)."""
+    columns the first ``max_neurons`` neurons; beside it a map of every site's dominant
+    orientation, border sites marked (:func:`_orientation_map`); ``w`` is (SH, SW, M, rh, rw, C)."""
     w = np.asarray(w, dtype=np.float64)
     if w.ndim != 6:
         raise ValueError(f"filters must be (SH, SW, M, rh, rw, C); got shape {w.shape}")
@@ -127,8 +156,9 @@ def filters(w: Any, path: str | os.PathLike, sites: int = 4, max_neurons: int = 
             mosaic[y0:y0 + rh, x0:x0 + rw] = t[..., 0] if c == 1 else 0.5 + 0.5 * t
     width = min(16.0, max(6.0, 0.45 * nm + 2.0))
     height = min(12.0, max(2.5, width * H / W + 1.2))
-    fig = _figure(figsize=(width, height))
-    ax = fig.subplots()
+    fig = _figure(figsize=(width + 4.0, max(height, 4.5)))
+    ax, axm = fig.subplots(1, 2, width_ratios=(width, 4.0))
+    _orientation_map(axm, w)
     if c == 1:
         cmap = _cmap("RdBu_r")
         im = ax.imshow(np.ma.masked_invalid(mosaic), cmap=cmap, vmin=-1, vmax=1, interpolation="nearest")

@@ -3,8 +3,9 @@ Gabor-like, are its units alive on the evaluation images, and how well its best 
 
 The filter numbers come from ``nn.stage_stats`` (as the trainer logs them; the
 random-weight control is the trained network's start, so ``cosine_to_init`` is the
-cosine to it); the silent fraction is ``nn.diagnostics.silent_units`` applied to each
-unit's largest response over the evaluation images.  Collective over the grid: the
+cosine to it; for the first stage also its border sites against its interior ones:
+``nn.stage_stats.border_stats``); the silent fraction is ``nn.diagnostics.silent_units``
+applied to each unit's largest response over the evaluation images.  Collective over the grid: the
 same numbers on any number of ranks.  ``recon_rel`` (‖x̂ − x‖² / ‖x‖²) comes from the
 training log (:func:`add_training_log`, with ``pooled`` and, untied, ``decoder_median_norm``): the stage's last logged window, and its first
 step (taken at the stage's initial weights) for the random twin -- for stages above the
@@ -20,7 +21,7 @@ import numpy as np
 from .. import backend
 from ..nn.diagnostics import silent_units
 from ..nn.plan import NetworkPlan
-from ..nn.stage_stats import median_norm, stage_stats
+from ..nn.stage_stats import border_stats, median_norm, stage_stats
 from . import responses
 
 #: A unit is silent when its peak |response| is below this fraction of the median unit's peak.
@@ -57,6 +58,8 @@ def table(plan: NetworkPlan, trained: Mapping[int, np.ndarray], initial: Mapping
         row = {"stage": stage, "layer": li, "units": int(np.prod(plan.layers[li].out_shape[:3])),
                "cosine_to_init": st["cosine_to_init"], "median_norm": st["median_norm"]}
         row.update({k: v for k, v in st.items() if k not in row})
+        if "gabor_fraction" in st:  # filters on pixels: do the border sites differ from the interior?
+            row.update(border_stats(plan, li, w))
         row["random_median_norm"] = median_norm(plan, w0)
         row.update({"silent_fraction": silent[stage], "random_silent_fraction": random_silent[stage],
                     "best_balanced_acc": float(best[stage]), "random_best_balanced_acc": float(random_best[stage])})

@@ -1,7 +1,8 @@
 """A stage's filters against their initial (random) ones: what the trainer logs and the evaluation reports.
 
 At every log line: the median cosine of each unit's filter to its initial filter and
-the filter norms (cheap).  At the end of a stage: also how Gabor-like its filters are
+the filter norms (cheap).  For the evaluation: whether the border sites' filters differ
+from the interior ones' (:func:`border_stats`).  At the end of a stage: also how Gabor-like its filters are
 (a seeded sample of units fitted, ``nn.diagnostics``), with the same numbers for the
 initial (random) weights beside them.  (Silent units need held-out images: the
 evaluation counts them: ``evaluate.stages``.)  Collective over the model group; every replica holds the
@@ -15,6 +16,7 @@ import numpy as np
 
 from .. import backend
 from .diagnostics import cosines, stage_filter_stats, unit_norms
+from .orientation import border_sites, compare, orientations
 from .network import init_weights
 from .plan import NetworkPlan
 
@@ -81,3 +83,15 @@ def stage_stats(plan: NetworkPlan, li: int, w: Any, w0: np.ndarray) -> dict[str,
     random = _gabor(plan, li, w0, w0)
     out.update({f"random_{k}": random[k] for k in ("gabor_fraction", "oriented_fraction", "median_gabor_r2")})
     return out
+
+
+def border_stats(plan: NetworkPlan, li: int, w: Any) -> dict[str, Any]:
+    """Filter layer ``li``'s border sites against its interior ones (``orientation.compare``, every
+    unit's orientation from its power spectrum; collective, the same numbers on any grid split)."""
+    lp = plan.layers[li]
+    shape, _ = plan.weight_box(li)
+    theta, _ = orientations(backend.to_numpy(w))  # this rank's sites, (sh, sw, M)
+    every = np.zeros(shape[:3])
+    for (r, c), t in plan.grid.comm.allgather((tuple(lp.sites.lo), theta)):
+        every[r:r + t.shape[0], c:c + t.shape[1]] = t
+    return compare(every, border_sites(shape[:2]))

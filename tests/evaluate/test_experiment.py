@@ -139,6 +139,11 @@ def test_the_report_numbers_schema_groups_and_kinds(tmp_path):
     assert st["best_balanced_acc"] == pytest.approx(report["scores"]["network"]["mean_balanced_acc"])
     assert st["random_best_balanced_acc"] == pytest.approx(report["scores"]["random_weights"]["mean_balanced_acc"])
     assert {"gabor_fraction", "random_gabor_fraction", "median_norm"} <= set(st)
+    # the first stage's border sites against its interior (cotsdl.nn.orientation.compare)
+    assert {"border_orientations", "interior_orientations", "border_edge_parallel", "interior_edge_parallel",
+            "edge_parallel_diff", "edge_parallel_diff_ci_low", "edge_parallel_diff_ci_high"} <= set(st)
+    assert len(st["border_orientations"]) == 4 and abs(sum(st["border_orientations"]) - 1) < 1e-9
+    assert np.isnan(st["interior_edge_parallel"])  # its one site is a corner: no interior, no one nearest edge
     (top,) = report["by_stage"]  # one stage: its best neuron is the best neuron
     assert top["stage"] == 0 and top["intervals"]["network"] == report["intervals"]["network"]
     assert report["groups"] == 60 and report["kinds"] == {"face": 80, "lfw_nonface": 80, "phase_scrambled": 80}
