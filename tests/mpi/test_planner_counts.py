@@ -33,13 +33,7 @@ def test_planner_counts_equal_the_plan(comm, dims, dtype, make):
     r = grid.rank  # Cartesian rank == row-major block order (reorder=False)
     assert tuple(grid.coords) == (r // dims[1], r % dims[1])
     for lp, c in zip(real.layers, counts):
-        ex = lp.exchange
-        got = (c.sent[r], c.received[r], c.msgs_sent[r], c.msgs_received[r], c.local[r])
-        want = (ex.bytes_sent, ex.bytes_received, ex.messages_sent, ex.messages_received, ex.bytes_local)
-        assert got == want, f"layer {lp.index} ({lp.layer.kind}) on rank {r} of grid {dims}"
-        assert c.window_elems[r] == lp.window.size and c.out_elems[r] == lp.out.size
-        # where overlap splits the layer: the calls beyond one (border strips, the interior's other pieces)
-        assert c.strips[r] == (len(lp.split[1]) + len(interior_pieces(lp.split[0])) - 1 if lp.split else 0)
+        assert_counts(c, lp, r, dims)
         if lp.layer.kind == "filter":
             assert c.params_rank[r] == real.init_params(0)[lp.index].size
     grid.free()
@@ -60,11 +54,16 @@ def test_planner_counts_of_a_fused_stage_equal_the_plan(comm, dims, make):
         if lp.layer.kind == "lcn":
             assert (c.sent[r], c.received[r], c.msgs_sent[r], c.msgs_received[r], c.copied[r]) == (0, 0, 0, 0, 0)
             continue
-        lp = real.fused.get(lp.index, lp)
-        ex = lp.exchange
-        got = (c.sent[r], c.received[r], c.msgs_sent[r], c.msgs_received[r], c.local[r])
-        want = (ex.bytes_sent, ex.bytes_received, ex.messages_sent, ex.messages_received, ex.bytes_local)
-        assert got == want, f"layer {lp.index} ({lp.layer.kind}) on rank {r} of grid {dims}"
-        assert c.window_elems[r] == lp.window.size and c.out_elems[r] == lp.out.size
-        assert c.strips[r] == (len(lp.split[1]) + len(interior_pieces(lp.split[0])) - 1 if lp.split else 0)
+        assert_counts(c, real.fused.get(lp.index, lp), r, dims)
     grid.free()
+
+
+def assert_counts(c, lp, r, dims):
+    """Layer counts ``c`` on rank ``r`` are what the real layer plan ``lp`` has."""
+    ex = lp.exchange
+    got = (c.sent[r], c.received[r], c.msgs_sent[r], c.msgs_received[r], c.local[r])
+    want = (ex.bytes_sent, ex.bytes_received, ex.messages_sent, ex.messages_received, ex.bytes_local)
+    assert got == want, f"layer {lp.index} ({lp.layer.kind}) on rank {r} of grid {dims}"
+    assert c.window_elems[r] == lp.window.size and c.out_elems[r] == lp.out.size
+    # where overlap splits the layer: the calls beyond one (border strips, the interior's other pieces)
+    assert c.strips[r] == (len(lp.split[1]) + len(interior_pieces(lp.split[0])) - 1 if lp.split else 0)
