@@ -415,10 +415,11 @@ def _study_args(args) -> list[str]:
 
 
 def _sbatch(p: Plan, args, part: str, n: int, depend: str | None) -> list[str]:
+    """The sbatch command of one job array (submitted from the checkout, ``ROOT``)."""
     name = args.job_name or f"cotsdl-study-{p.out.resolve().name}"
     logs = p.out.resolve() / "slurm"
     cmd = ["sbatch", "--parsable", f"--job-name={name}-{part}", f"--array=0-{n - 1}", "--nodes=1",
-           f"--ntasks={args.ranks}", f"--chdir={ROOT}", f"--output={logs}/%x-%A_%a.out"]
+           f"--ntasks={args.ranks}", f"--output={logs}/%x-%A_%a.out"]
     if depend:
         cmd.append(f"--dependency=afterok:{depend}")
     cmd += args.sbatch_option + [str(ROOT / "jobs" / "slurm" / "study.sbatch")] + _study_args(args)
@@ -432,7 +433,8 @@ def _array(p: Plan, args, say) -> int:
     (p.out / "slurm").mkdir(parents=True, exist_ok=True)
     ctl = _sbatch(p, args, "controls", len(p.controls), None) if p.controls else None
     cells = _sbatch(p, args, "cells", len(p.cells), "$CONTROLS" if ctl else None)
-    if args.print_array:
+    if args.print_array:  # from the checkout: the job script runs in its submission folder
+        say(f"cd {shlex.quote(str(ROOT))}")
         if ctl:
             say("CONTROLS=$(" + shlex.join(ctl) + ")")
         say(shlex.join(cells).replace("'--dependency=afterok:$CONTROLS'", '"--dependency=afterok:$CONTROLS"'))
@@ -451,7 +453,7 @@ def _array(p: Plan, args, say) -> int:
 def _submit(cmd: list[str], say) -> str:
     say(f"[study] {shlex.join(cmd)}")
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True)
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     except FileNotFoundError:
         raise ValueError("sbatch not found: --submit needs Slurm (--print-array prints the commands)") from None
     if res.returncode:
