@@ -4,8 +4,10 @@ one from its checkpoint, and the Slurm array commands it prints."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import h5py
@@ -144,3 +146,29 @@ def test_print_array_prints_the_two_arrays(tiny):
     assert '"--dependency=afterok:$CONTROLS"' in cells and "--ntasks=2" in cells and "--time=00:30:00" in cells
     assert cells.rstrip().endswith("--array-part cells") and "jobs/slurm/study.sbatch" in cells
     assert not (out / "runs").exists()  # nothing trained
+
+
+@pytest.mark.timeout(600)
+def test_a_signal_checkpoints_the_running_cell_and_a_rerun_resumes_it(tiny):
+    tmp, cfg, faces = tiny
+    out = tmp / "study"
+    args = [cfg, "--vary", "train.seed=0,1", "--set", "train.steps=[150,150]", "--set", "train.checkpoint_every=1000",
+            "--dataset", faces, "--out", out, "--ranks", "2", *FAST]
+    env = {**os.environ, "MPIEXEC_TIMEOUT": "300", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "cotsdl", "study", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    log = out / "runs" / "seed-0" / "log.txt"
+    deadline = time.time() + 200
+    while time.time() < deadline and not (log.exists() and "stage 0 step 3/" in log.read_text()):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGUSR1)  # to the study alone: it passes the request on to the training
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 75, stdout[-2000:] + stderr[-2000:]
+    assert "stopped by SIGUSR1 at global step" in stdout and "Abort" not in stderr
+    assert "[study] cell seed-0: stopped after a checkpoint; run the same command again to resume" in stdout
+    stopped = int(stdout.split("stopped by SIGUSR1 at global step ")[1].split(";")[0])
+    assert stopped < 300 and not (out / "cells").exists() and not (out / "runs" / "seed-1").exists()
+    again = study(*args)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"resumed from {out / 'runs' / 'seed-0' / 'checkpoints' / f'ckpt-{stopped:09d}'}" in again.stdout
+    assert json.loads((out / "study.json").read_text())["finished"] == 2
