@@ -278,15 +278,23 @@ def _record_path(p: Plan, job: Job) -> Path:
     return p.out / "cells" / f"{job.name}.json"
 
 
-def _finished(p: Plan, job: Job) -> bool:
-    """The cell was evaluated, with the control it has now, after its training ended."""
+def _evaluation(args) -> dict[str, Any]:
+    """The evaluation settings a cell's record keeps (a change evaluates it again)."""
+    return {"dataset": str(Path(args.dataset).resolve()), "splits": args.splits, "bootstrap": args.bootstrap,
+            "stimulus_steps": args.stimulus_steps}
+
+
+def _finished(p: Plan, job: Job, args) -> bool:
+    """The cell was evaluated as this command asks (the same settings, control and evaluation)
+    after its training ended."""
     try:
         rec = json.loads(_record_path(p, job).read_text())
         report = json.loads((job.folder / "report.json").read_text())
     except (OSError, ValueError):
         return False
     want = str(job.control.folder) if job.control else None
-    return rec.get("control_run") == want and report["run"].get("control_run") == want
+    return (rec.get("control_run") == want and report["run"].get("control_run") == want
+            and rec.get("sets") == job.sets and rec.get("evaluation") == _evaluation(args))
 
 
 def _build_data(p: Plan, say) -> None:
@@ -312,7 +320,7 @@ def _run_cell(p: Plan, job: Job, args, slurm: bool, say) -> int:
     """Train the cell (and its control when it is not trained), evaluate it, record it, aggregate."""
     t0 = time.perf_counter()
     record: dict[str, Any] = {"run": str(job.folder), "control_run": str(job.control.folder) if job.control else None,
-                              "settings": job.cell.settings}
+                              "settings": job.cell.settings, "sets": job.sets, "evaluation": _evaluation(args)}
     if job.control is not None and not _trained(job.control):
         if slurm:
             _fail(f"control {job.control.folder} is not trained: the controls array did not finish")
@@ -350,7 +358,7 @@ def aggregate(p: Plan, args) -> dict[str, Path]:
     with open(p.out / ".study.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for job in p.cells:
-            if _finished(p, job):
+            if _finished(p, job, args):
                 rec = json.loads(_record_path(p, job).read_text())
                 rows.append(grid.row(job.cell, json.loads((job.folder / "report.json").read_text()), rec))
         meta = {"config": args.config, "set": args.set, "dataset": args.dataset, "ranks": args.ranks,
@@ -372,7 +380,7 @@ def run(args) -> int:
     _build_data(p, say)
     t_all = time.perf_counter()
     for k, job in enumerate(p.cells, 1):
-        if _finished(p, job):
+        if _finished(p, job, args):
             say(f"[study] cell {k}/{len(p.cells)} {job.name}: finished before, skipped")
             continue
         say(f"[study] cell {k}/{len(p.cells)} {job.name}: started")
@@ -472,6 +480,10 @@ def _element(p: Plan, args, say) -> int:
     slurm = "SLURM_JOB_ID" in os.environ
     t0 = time.perf_counter()
     say(f"[study] {args.array_part} element {k} {job.name}: started")
+    if args.array_part == "cells" and _finished(p, job, args):  # a requeued element, or a second --submit
+        say(f"[study] cells element {k} {job.name}: finished before, skipped")
+        aggregate(p, args)
+        return 0
     if args.array_part == "controls":
         status, _ = _train(job, args, slurm, say)
         if status:

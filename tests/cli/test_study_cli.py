@@ -132,6 +132,13 @@ def test_a_tiny_grid_with_its_control_then_a_rerun_resumes(tiny):
     assert _checkpoints(cell) == trained["face_fraction-0.5"]
     assert json.loads((out / "study.json").read_text())["finished"] == 2
 
+    # another evaluation setting: every cell is evaluated again, none is trained again
+    changed = study(*args[:-len(FAST)], "--splits", "3", *FAST[2:])
+    assert changed.returncode == 0, changed.stdout[-3000:] + changed.stderr[-3000:]
+    assert "finished before" not in changed.stdout and changed.stdout.count("is already complete") == 2
+    assert {c: _checkpoints(out / "runs" / c) for c in trained} == trained
+    assert json.loads((out / "runs" / "face_fraction-0" / "report.json").read_text())["scores"]["network"]["splits"] == 3
+
 
 def test_print_array_prints_the_two_arrays(tiny):
     tmp, cfg, faces = tiny
