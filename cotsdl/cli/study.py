@@ -127,10 +127,10 @@ def plan(args) -> Plan:
     axes = [grid.parse_vary(v) for v in args.vary]
     cells = grid.expand(axes)
     keys = [a.key for a in axes]
-    for k in keys + [s.split("=", 1)[0].strip() for s in args.set]:
-        if k in ("run.folder",) or (k == "data.file" and any(x in grid.RECIPE_KEYS for x in keys)):
-            _fail(f"{k} is the study's to choose (runs go into --out, recipe data into --data-dir); do not set or vary it")
     base_sets, base_recipe = _split_sets(args.set)
+    for k in keys + [s.split("=", 1)[0].strip() for s in args.set]:
+        if k == "run.folder" or (k == "data.file" and (base_recipe or any(x in grid.RECIPE_KEYS for x in keys))):
+            _fail(f"{k} is the study's to choose (runs go into --out, recipe data into --data-dir); do not set or vary it")
     if not Path(args.config).is_file():
         _fail(f"config {args.config}: no such file")
     faces = Path(args.dataset)
@@ -155,6 +155,9 @@ def plan(args) -> Plan:
         except cfgmod.ConfigError as e:
             raise ValueError(f"cell {cell.name}: {e}") from None
         h, w, c = spec.network.input_shape
+        if tuple(info.image_shape) != (h, w, c):
+            _fail(f"--dataset {faces}: images {'x'.join(map(str, info.image_shape))}, the network of cell {cell.name} "
+                  f"takes {h}x{w}x{c} (cotsdl prepare-data faces --size {h} {w})")
         recipe = None
         if base_recipe or cell.recipe_settings():
             recipe = {"count": args.data_count, "size": [h, w], "channels": c, "seed": args.data_seed,

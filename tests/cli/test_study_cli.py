@@ -59,6 +59,7 @@ FAST = ["--splits", "2", "--bootstrap", "100", "--stimulus-steps", "0", "--no-fi
     (["--vary", "train.seed=0,1", "--set", "train.lam=-1"], "train.lam"),
     (["--vary", "run.folder=a,b"], "run.folder is the study's to choose"),
     (["--vary", "train.seed=0,1", "--ranks", "0"], "--ranks must be a positive integer"),
+    (["--vary", "network.input=[16,16,1]"], "images 12x12x1, the network of cell input-16+16+1 takes 16x16x1"),
 ])
 def test_bad_input_is_refused_before_anything_runs(tiny, extra, said):
     tmp, cfg, faces = tiny
