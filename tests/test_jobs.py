@@ -172,7 +172,7 @@ def test_every_job_script_parses():
 def test_batch_directives_come_before_any_command():
     """sbatch and qsub read #SBATCH/#PBS lines only up to the first command."""
     for script, prefix in ((SLURM, "#SBATCH"), ("jobs/slurm/bench-exchange.sbatch", "#SBATCH"),
-                           (PBS, "#PBS"), ("jobs/pbs/bench-exchange.pbs", "#PBS")):
+                           ("jobs/slurm/study.sbatch", "#SBATCH"), (PBS, "#PBS"), ("jobs/pbs/bench-exchange.pbs", "#PBS")):
         lines = (ROOT / script).read_text().splitlines()[1:]
         first_cmd = next(i for i, l in enumerate(lines) if l.strip() and not l.startswith("#"))
         assert not any(l.startswith(prefix + " ") for l in lines[first_cmd:]), script
@@ -189,6 +189,7 @@ def test_batch_directives_come_before_any_command():
 
 @pytest.mark.parametrize("script, var", [(SLURM, "SLURM_SUBMIT_DIR"),
                                          ("jobs/slurm/bench-exchange.sbatch", "SLURM_SUBMIT_DIR"),
+                                         ("jobs/slurm/study.sbatch", "SLURM_SUBMIT_DIR"),
                                          (PBS, "PBS_O_WORKDIR"),
                                          ("jobs/pbs/bench-exchange.pbs", "PBS_O_WORKDIR")])
 def test_submitted_outside_the_repository_root(stubs, script, var):

@@ -19,7 +19,7 @@ from .. import stops
 
 def _parser() -> argparse.ArgumentParser:
     from .. import __version__  # noqa: PLC0415
-    from . import bench_cmd, evaluate, inspect_cmd, plan_cmd, prepare, train  # noqa: PLC0415
+    from . import bench_cmd, evaluate, inspect_cmd, plan_cmd, prepare, study, train  # noqa: PLC0415
 
     p = argparse.ArgumentParser(prog="cotsdl", description=__doc__.split("\n\n")[0] + " " + " ".join(
         __doc__.split("\n\n")[1].split()).replace("``", "") + " Multi-rank: mpiexec -n P python -m mpi4py -m cotsdl COMMAND ...")
@@ -29,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect_cmd.add_parser(sub)
     train.add_parser(sub)
     evaluate.add_parser(sub)
+    study.add_parser(sub)
     plan_cmd.add_parser(sub)
     sub.add_parser("info", help="versions, MPI library, CUDA-aware MPI, kernel folder")
     ck = sub.add_parser("check-kernels", help="compile every CUDA kernel with NVRTC for sm_70/80/90; fail on errors or spills")
@@ -110,6 +111,8 @@ def _same_command(argv: list[str] | None) -> None:
     … : -n 1 cotsdl info``) would leave some ranks waiting forever.  One allgather at start."""
     if _launched_size() < 2 and "mpi4py.MPI" not in sys.modules:
         return  # not started by a launcher with several ranks: nothing to agree with
+    if list(sys.argv[1:] if argv is None else argv)[:1] == ["study"]:
+        return  # one process that starts MPI jobs itself (a Slurm batch step has SLURM_NTASKS, not ranks)
     from mpi4py import MPI as mpi  # noqa: PLC0415 - several ranks: MPI is needed to agree at all
 
     if not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() == 1:
@@ -175,6 +178,10 @@ def _main(argv: list[str] | None) -> int:
             return inspect_cmd.run(args)
         if args.command == "train":
             return _agreed_exit(train.run(args, guard))  # every rank returns the same status
+        if args.command == "study":
+            from . import study  # noqa: PLC0415
+
+            return study.run(args)  # one process: its training and evaluation are child MPI jobs
         if args.command == "info":
             return _info()
         if args.command == "check-kernels":

@@ -15,7 +15,7 @@ from cotsdl.io.dataset import write_dataset
 from testkit import corrupt_chunk, tiny_config
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-SUBCOMMANDS = ["prepare-data", "inspect", "train", "evaluate", "plan", "bench", "check-kernels", "info"]
+SUBCOMMANDS = ["prepare-data", "inspect", "train", "evaluate", "study", "plan", "bench", "check-kernels", "info"]
 
 def cotsdl(*args, ranks=2, timeout=120, cwd=None):
     cmd = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "cotsdl", *args]
