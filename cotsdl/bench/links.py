@@ -92,25 +92,42 @@ def stream_seconds(pair: MPI.Comm, total: int, pause: float) -> float:
 
 
 def bucket(pair: MPI.Comm, rounds: int) -> tuple[float, float, list[dict[str, float]]]:
-    """(sustained bytes/s, burst bytes, the streams' rows) of the link between the two ranks of ``pair``."""
+    """(sustained bytes/s, burst bytes, the streams' rows) of the link between the two ranks of ``pair``.
+
+    At least ``max(3, rounds)`` rounds; while their bursts disagree (:func:`agreed_burst`), more, up to
+    :data:`MAX_BUCKET_ROUNDS` (both ranks take the same decision: rank 0's, sent with every round)."""
     rows = []
     short, long_ = STREAMS
-    for _ in range(max(3, rounds)):
+    while True:
         t1 = stream_seconds(pair, short, 0.2)
         # the pause refills the bucket at the rate the short stream showed (at most 2 s)
         t2 = stream_seconds(pair, long_, min(2.0, max(0.2, 2 * t1)))
         r = (long_ - short) / max(t2 - t1, 1e-9)
         rows.append({"short_bytes": short, "short_s": t1, "long_bytes": long_, "long_s": t2,
                      "rate": r, "burst": short - r * t1})
+        done = len(rows) >= max(3, rounds) and (agreed_burst([w["burst"] for w in rows]) is not None
+                                                 or len(rows) >= MAX_BUCKET_ROUNDS)
+        if pair.bcast(done, root=0):
+            break
     rate = float(np.median([r["rate"] for r in rows]))
-    bursts = [r["burst"] for r in rows]
-    burst = float(np.median(bursts))
-    # A burst that its rounds do not agree on is the streams' jitter, not a bucket: on a fast unshaped
-    # link 1 MiB takes under a millisecond, and a tenth of one moves the estimate by 100 KiB.
-    if burst < BUCKET_AGREEMENT * (max(bursts) - min(bursts)):
-        burst = 0.0
-    burst = max(0.0, burst)
+    burst = max(0.0, agreed_burst([r["burst"] for r in rows]) or 0.0)
     return rate, burst, rows
+
+
+#: Rounds of the streams at most, where the first ones disagree on the burst.
+MAX_BUCKET_ROUNDS = 7
+
+
+def agreed_burst(bursts: list[float]) -> float | None:
+    """The rounds' burst, or None where they do not agree on it: their median must be
+    :data:`BUCKET_AGREEMENT` times their spread (on a fast unshaped link 1 MiB takes under a
+    millisecond, and a tenth of one moves an estimate by 100 KiB).  From 5 rounds on, the lowest and
+    the highest are left out: one round hit by a burst of other work is not the link."""
+    b = sorted(float(v) for v in bursts)
+    if len(b) >= 5:
+        b = b[1:-1]
+    med = float(np.median(b))
+    return med if med >= BUCKET_AGREEMENT * (b[-1] - b[0]) else None
 
 
 def paced_pingpong(pair: MPI.Comm, nbytes: int, repeats: int, warmup: int, pause: float) -> float:

@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,16 +77,14 @@ def add_parser(sub) -> None:
 
 @dataclass
 class Job:
-    """One run to train: a cell's or a control's (``extra``: its ``--set`` assignments)."""
+    """One run to train: a cell's (``cell``, and its no-face ``control``) or a control's; ``sets``:
+    its ``--set`` assignments for ``cotsdl train`` (``data.file`` and ``run.folder`` included)."""
 
     name: str
     folder: Path
-    data: Path
     sets: list[str]
-    recipe: dict[str, Any] | None  # the data set's recipe when the study builds it
     control: "Job | None" = None
     cell: grid.Cell | None = None
-    texts: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -176,7 +174,7 @@ def plan(args) -> Plan:
         err = spec.parallel.error(args.ranks, f"cell {cell.name}")
         if err:
             _fail(err + " (--ranks)")
-        job = Job(cell.name, folder, data, sets, recipe, cell=cell, texts=cell.texts)
+        job = Job(cell.name, folder, sets, cell=cell)
         if args.control_data or args.control_nofaces:
             job.control = _control(args, cell, base_sets, recipe, data_dir, (h, w, c), controls, recipes, out)
         jobs.append(job)
@@ -203,7 +201,7 @@ def _control(args, cell, base_sets, recipe, data_dir, shape, controls, recipes, 
             run_spec.read(args.config, sets)
         except cfgmod.ConfigError as e:
             raise ValueError(f"control {name}: {e}") from None
-        controls[name] = Job(name, folder, data, sets, recipes.get(data), texts=model)
+        controls[name] = Job(name, folder, sets)
     return controls[name]
 
 

@@ -92,3 +92,16 @@ def test_reductions_span_the_nodes_of_their_own_ranks(demo, machine):
     p = predict_step(demo, 8, 16, (2, 2), 4, slow, ranks_per_node=4, stage=0, dtype="float32", optimizer_slots=2)
     by = {op["label"]: op["seconds"] for op in p["ops"] if op["kind"] == "reduce"}
     assert by["loss terms"] < 0.01 and by["gradient over replicas"] >= 1.0, by
+
+
+def test_a_burst_counts_where_the_streams_rounds_agree_on_it():
+    """bench/links.py: the tbf bucket's burst agreed by its rounds; an unshaped link's jitter is no
+    bucket; from 5 rounds on, one round hit by other work (either end) does not undo an agreed burst."""
+    from cotsdl.bench.links import agreed_burst
+
+    assert agreed_burst([118e3, 121e3, 119e3]) == pytest.approx(119e3)  # a 128 KB tbf bucket, three rounds
+    assert agreed_burst([-40e3, 15e3, 370e3]) is None  # an unshaped veth's jitter (a CI run's 370 KB "burst")
+    assert agreed_burst([118e3, 121e3, -600e3]) is None  # one bad round of three: not decided yet
+    assert agreed_burst([118e3, 121e3, -600e3, 119e3, 120e3]) == pytest.approx(119e3)  # ... of five: decided
+    assert agreed_burst([118e3, 121e3, 2e6, 119e3, 120e3]) == pytest.approx(120e3)
+    assert agreed_burst([-40e3, 15e3, 370e3, -20e3, 300e3]) is None  # jitter stays jitter with more rounds
