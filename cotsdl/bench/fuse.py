@@ -87,18 +87,16 @@ def break_even(predict: Callable[..., dict[str, Any]], machine: dict[str, Any], 
     key = "node_link" if across and machine.get("node_link") else "link"
     alpha0 = machine[key]["alpha_s"]
 
-    def gap(alpha: float) -> tuple[float, dict, dict]:
+    def gap(alpha: float) -> float:  # fused minus per-layer step, predicted with this latency
         m = copy.deepcopy(machine)
         m[key]["alpha_s"] = alpha
-        a, b = predict(m, ()), predict(m, fused)
-        return b["seconds"] - a["seconds"], a, b
+        return predict(m, fused)["seconds"] - predict(m, ())["seconds"]
 
-    g0, a0, b0 = gap(alpha0)
-    if g0 <= 0:
+    if gap(alpha0) <= 0:
         return {"link": key, "alpha_s": alpha0, "break_even_alpha_s": alpha0, "wins_now": True}
     hi = alpha0 * 2 or 1e-6
     for _ in range(40):  # fused saves messages: the gap falls as the latency grows, if it saves any
-        if gap(hi)[0] <= 0:
+        if gap(hi) <= 0:
             break
         hi *= 2
     else:
@@ -106,5 +104,5 @@ def break_even(predict: Callable[..., dict[str, Any]], machine: dict[str, Any], 
     lo = alpha0
     for _ in range(50):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if gap(mid)[0] > 0 else (lo, mid)
+        lo, hi = (mid, hi) if gap(mid) > 0 else (lo, mid)
     return {"link": key, "alpha_s": alpha0, "break_even_alpha_s": hi, "wins_now": False}

@@ -7,6 +7,7 @@ point is here too (the command line is the only reader of config files).
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import replace
 from pathlib import Path
 
@@ -132,10 +133,7 @@ def _exchange(args) -> int:
           warmup=args.warmup, json=args.json)
     raise_collectively(comm, common.check_output_path(args.json) if comm.Get_rank() == 0 else None)
     res = exchange.run(comm, args.shape, args.halos, args.grid, np.dtype(args.dtype), args.repeats, args.warmup)
-    if args.json and comm.Get_rank() == 0:
-        common.write_json(args.json, res)
-        print(f"wrote {args.json}")
-    return 0
+    return _written(args, res, comm)
 
 
 def _layers(args) -> int:
@@ -159,10 +157,7 @@ def _layers(args) -> int:
         machine = load_machine(args.machine)
     res = layers.run(args.repeats, np.dtype(args.dtype), min_time=args.min_time, backend_name=args.backend,
                      peer=args.peer, shapes=args.shapes.split(",") if args.shapes else None, machine=machine)
-    if args.json:
-        common.write_json(args.json, res)
-        print(f"wrote {args.json}")
-    return 0
+    return _written(args, res)
 
 
 def _emulator(args) -> int:
@@ -174,10 +169,7 @@ def _emulator(args) -> int:
     if err:
         raise ValueError(err)
     res = emulator.run(args.blocks, args.threads, args.iters)
-    if args.json:
-        common.write_json(args.json, res)
-        print(f"wrote {args.json}")
-    return 0
+    return _written(args, res)
 
 
 def _scaling(args) -> int:
@@ -217,10 +209,7 @@ def _scaling(args) -> int:
                                 "auto": ("auto",)}[args.overlap],
                       predict=predict, decide=decide, lam=tc.lam, tied=tc.tied, seed=tc.seed, dtype=tc.dtype)
     res["config"], res["machine"], res["load_warning"] = str(args.config), args.machine, warning
-    if args.json and comm.Get_rank() == 0:
-        common.write_json(args.json, res)
-        print(f"wrote {args.json}")
-    return 0
+    return _written(args, res, comm)
 
 
 def _fuse(args) -> int:
@@ -255,18 +244,15 @@ def _fuse(args) -> int:
     raise_collectively(comm, err)
     setup_backend(spec, comm)
     per_node, together = placement(rank_nodes(comm), comm.Get_size(), 1)  # (collective)
-    predict = None
-    if machine is not None:
+
+    def predict_on(m, fused):  # the planner's step of ``stage`` on machine ``m`` with ``fused`` stages
         from .. import planner  # noqa: PLC0415
 
-        def predict_on(m, fused):
-            return planner.predict_step(network, spec.global_batch, comm.Get_size(), None, 1, m, stage=stage,
-                                        dtype=tc.dtype.name, optimizer_slots=tc.optimizer_slots,
-                                        ranks_per_node=per_node, tied=tc.tied, overlap=args.overlap == "on",
-                                        fuse=fused)
-
-        def predict(fused):
-            return predict_on(machine, fused)
+        return planner.predict_step(network, spec.global_batch, comm.Get_size(), None, 1, m, stage=stage,
+                                    dtype=tc.dtype.name, optimizer_slots=tc.optimizer_slots,
+                                    ranks_per_node=per_node, tied=tc.tied, overlap=args.overlap == "on",
+                                    fuse=fused)
+    predict = None if machine is None else functools.partial(predict_on, machine)
     res = fuse.run(comm, network, tc.make_optimizer, batch=spec.global_batch, stage=stage, steps=args.steps,
                    warmup=args.warmup, rounds=args.rounds, overlap=args.overlap == "on", predict=predict,
                    lam=tc.lam, tied=tc.tied, seed=tc.seed, dtype=tc.dtype)
@@ -279,10 +265,7 @@ def _fuse(args) -> int:
               f"planner on {machine['name']}: fusing wins already" if be["wins_now"] else
               f"planner on {machine['name']}: fusing saves no message here; no latency makes it win")
     res["config"], res["machine"] = str(args.config), args.machine
-    if args.json and comm.Get_rank() == 0:
-        common.write_json(args.json, res)
-        print(f"wrote {args.json}")
-    return 0
+    return _written(args, res, comm)
 
 
 def _predictor(spec, machine_arg: str, stage: int):
@@ -367,10 +350,7 @@ def _reduction(args) -> int:
     replicas = args.replicas or [r for r in range(2, size + 1) if size % r == 0] or [1]
     res = reduction.run(comm, replicas, sizes, rounds=args.rounds, calls=args.calls, dtype=np.dtype(args.dtype))
     res["configs"] = list(args.config)
-    if args.json and comm.Get_rank() == 0:
-        common.write_json(args.json, res)
-        print(f"wrote {args.json}")
-    return 0
+    return _written(args, res, comm)
 
 
 def _reader(args) -> int:
@@ -404,10 +384,7 @@ def _reader(args) -> int:
                      kw=dict(lam=tc.lam, tied=tc.tied, seed=tc.seed, dtype=tc.dtype, filter_norm=tc.filter_norm,
                              overlap=pc.overlap, reduction=pc.reduction))
     res["config"], res["set"] = str(args.config), list(args.set)
-    if args.json and comm.Get_rank() == 0:
-        common.write_json(args.json, res)
-        print(f"wrote {args.json}")
-    return 0
+    return _written(args, res, comm)
 
 
 def _calibrate(args) -> int:
@@ -431,4 +408,15 @@ def _calibrate(args) -> int:
             import json  # noqa: PLC0415
 
             print(json.dumps(machine, indent=2))
+    return 0
+
+
+def _written(args, res, comm=None) -> int:
+    """``res`` written to ``--json`` (by rank 0 of ``comm``, where the bench ran on several), and the
+    command's status."""
+    from ..bench import common  # noqa: PLC0415
+
+    if args.json and (comm is None or comm.Get_rank() == 0):
+        common.write_json(args.json, res)
+        print(f"wrote {args.json}")
     return 0

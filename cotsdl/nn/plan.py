@@ -215,15 +215,15 @@ class NetworkPlan:
         tape.fused = fused
         cur = x
         for lp in run:
+            this = self.fused[lp.index] if lp.index in fused else lp  # a fused pool computes on its grown boxes
             if lp.index - 1 in fused:  # the LCN of a fused pool: its window is the pool's grown output
                 xwin = tape.outputs[-1]
                 y, cache = lp.layer.forward_local(xwin, self.context(lp, params))
             else:
-                xwin, y, cache = self._forward_layer(self.fused.get(lp.index, lp) if lp.index in fused else lp,
-                                                     cur, params)
-            box = self.fused[lp.index].out if lp.index in fused else lp.out
-            if y.dtype != self.dtype or y.shape != box.shape:  # numpy 2 promotes silently
-                raise AssertionError(f"layer {lp.index} produced {y.dtype} {y.shape}, expected {self.dtype} {box.shape}")
+                xwin, y, cache = self._forward_layer(this, cur, params)
+            if y.dtype != self.dtype or y.shape != this.out.shape:  # numpy 2 promotes silently
+                raise AssertionError(f"layer {lp.index} produced {y.dtype} {y.shape}, expected {self.dtype} "
+                                     f"{this.out.shape}")
             tape.inputs.append(xwin)
             tape.outputs.append(y)
             tape.caches.append(cache)
@@ -363,13 +363,13 @@ class NetworkPlan:
         return "\n".join(rows)
 
 
-def check_fuse(fuse: Sequence[int], stages: int) -> tuple[int, ...]:
-    """The stages whose pool and LCN share one exchange, checked: distinct stage indices of the network."""
-    try:
-        out = tuple(sorted({int(k) for k in fuse}))
-    except (TypeError, ValueError):
-        raise ValueError(f"fuse must be a list of stage indices, got {fuse!r}") from None
-    bad = [k for k in out if not 0 <= k < stages]
-    if bad or any(isinstance(k, bool) for k in fuse):
-        raise ValueError(f"fuse: stage {bad[0] if bad else fuse!r} is not a stage of the network (0..{stages - 1})")
-    return out
+def check_fuse(fuse: Sequence[int], stages: int, name: str = "fuse") -> tuple[int, ...]:
+    """The stages whose pool and LCN share one exchange, checked (``name``: the setting, for the message):
+    distinct stage indices of the network, sorted."""
+    if not isinstance(fuse, (list, tuple)) or not all(
+            isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in fuse):
+        raise ValueError(f"{name} must be a list of stage indices, got {fuse!r}")
+    bad = [int(k) for k in fuse if not 0 <= k < stages]
+    if bad:
+        raise ValueError(f"{name}: stage {bad[0]} is not a stage of the network (0..{stages - 1})")
+    return tuple(sorted({int(k) for k in fuse}))

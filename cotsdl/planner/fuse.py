@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from ..nn.network import Network
+from ..nn.plan import check_fuse
 from .predict import predict_step
 
 #: The least predicted saving, as a fraction of the step, for which "auto" fuses a stage: below it the
@@ -52,12 +53,9 @@ def resolve(setting: Any, stages: int) -> tuple[int, ...] | None:
         return tuple(range(stages))
     if setting == "off" or setting is False:
         return ()
-    if isinstance(setting, (list, tuple)) and all(isinstance(k, int) and not isinstance(k, bool) for k in setting):
-        bad = [k for k in setting if not 0 <= k < stages]
-        if bad:
-            raise ValueError(f"parallel.fuse: stage {bad[0]} is not a stage of the network (0..{stages - 1})")
-        return tuple(sorted(set(setting)))
-    raise ValueError(f'parallel.fuse must be "auto", "on", "off" or a list of stage indices, got {setting!r}')
+    if not isinstance(setting, (list, tuple)):
+        raise ValueError(f'parallel.fuse must be "auto", "on", "off" or a list of stage indices, got {setting!r}')
+    return check_fuse(setting, stages, "parallel.fuse")
 
 
 def choose_fuse(network: Network, batch: int, ranks: int, dims: Sequence[int] | None, replicas: int,

@@ -118,6 +118,19 @@ class MachineError(ValueError):
     """A machine description that cannot be used; names the file (or preset) and the key."""
 
 
+def _check_by_threads(source: str, where: str, table: dict, upto: float | None = None) -> None:
+    """``table``: thread counts ("1", "2", ...) -> an efficiency object with every key, each positive (at
+    most ``upto``)."""
+    for t, effs in table.items():
+        if not (isinstance(t, str) and t.isdigit() and int(t) >= 1 and isinstance(effs, dict)):
+            raise MachineError(f"machine {source}: {where}.{t}: keys must be thread counts "
+                               "(\"1\", \"2\", ...) holding efficiency objects")
+        for k in EFFICIENCY_KEYS:
+            if k not in effs:
+                raise MachineError(f"machine {source}: missing key {where}.{t}.{k}")
+            _positive(source, f"{where}.{t}.{k}", effs[k], upto=upto)
+
+
 def _positive(src: str, path: str, v: Any, integer: bool = False, upto: float | None = None) -> None:
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
     if ok and integer:
@@ -179,14 +192,7 @@ def validate_machine(data: Any, source: str = "description") -> dict[str, Any]:
             raise MachineError(f"machine {source}: node_link.burst_bytes = {b!r}: must be a number >= 0")
     # Optional refinements (written by `cotsdl bench calibrate`): efficiencies of a rank running
     # t threads, and each op's fixed cost per call.
-    for t, effs in (data.get("efficiency_by_threads") or {}).items():
-        if not (isinstance(t, str) and t.isdigit() and int(t) >= 1 and isinstance(effs, dict)):
-            raise MachineError(f"machine {source}: efficiency_by_threads.{t}: keys must be thread counts "
-                               "(\"1\", \"2\", ...) holding efficiency objects")
-        for k in EFFICIENCY_KEYS:
-            if k not in effs:
-                raise MachineError(f"machine {source}: missing key efficiency_by_threads.{t}.{k}")
-            _positive(source, f"efficiency_by_threads.{t}.{k}", effs[k], upto=1)
+    _check_by_threads(source, "efficiency_by_threads", data.get("efficiency_by_threads") or {}, upto=1)
     _check_by_size(source, data.get("efficiency_by_size"))
     if "process_bytes" in data:
         _positive(source, "process_bytes", data["process_bytes"])
@@ -219,14 +225,7 @@ def _check_by_size(source: str, cases: Any) -> None:
             if k not in c["bytes"]:
                 raise MachineError(f"machine {source}: missing key {where}.bytes.{k}")
             _positive(source, f"{where}.bytes.{k}", c["bytes"][k])
-        for t, effs in c["by_threads"].items():
-            if not (isinstance(t, str) and t.isdigit() and int(t) >= 1 and isinstance(effs, dict)):
-                raise MachineError(f"machine {source}: {where}.by_threads.{t}: keys must be thread counts "
-                                   "(\"1\", \"2\", ...) holding efficiency objects")
-            for k in EFFICIENCY_KEYS:
-                if k not in effs:
-                    raise MachineError(f"machine {source}: missing key {where}.by_threads.{t}.{k}")
-                _positive(source, f"{where}.by_threads.{t}.{k}", effs[k])  # above 1 where a pass beats its roofline
+        _check_by_threads(source, f"{where}.by_threads", c["by_threads"])  # above 1 where a pass beats its roofline
 
 
 def _check_load(source: str, load: Any) -> None:

@@ -124,7 +124,7 @@ class GreedyTrainer:
 
         err = fuse_err = None
         try:
-            fixed_fuse = resolve_fuse(list(fuse) if isinstance(fuse, tuple) else fuse, len(network.stages))
+            fixed_fuse = resolve_fuse(fuse, len(network.stages))
         except ValueError as e:
             fuse_err, fixed_fuse = str(e), ()
         norms, norm_err = stage_norms(filter_norm, network)
