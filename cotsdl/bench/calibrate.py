@@ -83,6 +83,7 @@ from ..array.collective import raise_collectively, wait_idle
 from ..nn.network import Network
 from ..ops import costs
 from ..planner import load
+from ..planner.machine import OPS_OF_KIND
 from ..planner.model import UPDATE_WORDS
 from ..array.grid import rank_nodes
 from .links import copy_times, fit_link  # noqa: F401 - tests and older callers reach them here
@@ -114,6 +115,9 @@ CASES = [("64x64x3 N=96", DEMO_STAGES, (64, 64, 3), 96), ("paper 100x200x3 N=96"
          ("32x32x1 N=32 (demo)", DEMO_STAGES, (32, 32, 1), 32)]
 QUICK_CASES = [("paper 64x64x3 N=32 (quick)", PAPER_STAGES, (64, 64, 3), 32),
                ("64x64x3 N=16 (quick)", DEMO_STAGES, (64, 64, 3), 16)]
+
+#: The label of a config's own case begins so (``--config``)
+CONFIG_LABEL = "config "
 
 OPS = ["filter_forward", "filter_backward_data", "filter_backward_weights", "pool_forward", "pool_backward",
        "lcn_forward", "lcn_backward", "elementwise"]
@@ -262,6 +266,8 @@ def case_bytes(rows) -> dict[str, float]:
     out = {}
     for op in OPS:
         mine = [r for r in rows if r["op"] == op and r["bytes"] > 0]
+        if not mine:
+            continue
         t = sum(r["seconds"] for r in mine)
         out[op] = float(math.exp(sum(r["seconds"] * math.log(r["bytes"]) for r in mine) / t))
     return out
@@ -289,9 +295,26 @@ def efficiencies(rows, peak: float, bw: float, overhead: dict[str, float]) -> di
     out = {}
     for op in OPS:
         mine = [r for r in rows if r["op"] == op]
+        if not mine:  # a layer shape's rows hold its kind's ops only
+            continue
         floor = sum(max(r["flops"] / peak, r["bytes"] / bw) for r in mine)
         spent = sum(max(r["seconds"] - overhead[op], 0.05 * r["seconds"]) for r in mine)
         out[op] = floor / spent
+    return out
+
+
+def shape_entries(rows, thread_counts, peak: float, bw: float, cores: int, overhead: dict[str, float]) -> list:
+    """``efficiency_by_shape``: per case and layer shape (``Network.pass_shape``, kept in each row) the
+    bytes of its passes and its efficiencies per thread count, of its kind's ops only."""
+    out = []
+    keys = dict.fromkeys((r["case"], r["shape"]) for r in rows if r.get("shape"))
+    for case, shape in keys:
+        mine = [r for r in rows if r["case"] == case and r.get("shape") == shape]
+        out.append({"shape": shape, "case": case,
+                    "bytes": case_bytes([r for r in mine if r["threads"] == thread_counts[0]]),
+                    "by_threads": {str(th): {op: round(v, 4) for op, v in efficiencies(
+                        [r for r in mine if r["threads"] == th], peak * th / cores, bw * th / cores, overhead).items()}
+                                   for th in thread_counts}})
     return out
 
 
@@ -342,7 +365,7 @@ def _median_spread(rows) -> float:
 
 
 # -- the run ----------------------------------------------------------------------------------
-def _measure_compute(repeats: int, quick: bool, say) -> dict[str, Any]:
+def _measure_compute(repeats: int, quick: bool, say, cases: list) -> dict[str, Any]:
     cores = ops.available_cores()
     prev = ops.num_threads()
     res: dict[str, Any] = {"cores": cores}
@@ -362,26 +385,26 @@ def _measure_compute(repeats: int, quick: bool, say) -> dict[str, Any]:
         res["overhead_s"], res["tiny"] = tiny_overhead(repeats)
         say(f"      overhead per op call (tiny arrays, least over the ops) {res['overhead_s'] * 1e6:.1f} us: "
             + ", ".join(f"{k} {v * 1e6:.0f}" for k, v in res["tiny"].items()))
-        res["rows"] = _measure_passes(cores, repeats, quick, say)
+        res["rows"] = _measure_passes(cores, repeats, quick, say, cases)
         res["thread_counts"] = [cores]
-        res["cases"] = [c[0] for c in (QUICK_CASES if quick else CASES)]
+        res["cases"] = [c[0] for c in cases]
     finally:
         ops.set_num_threads(prev if prev != ops.available_cores() else None)
     return res
 
 
-def _measure_passes(threads: int, repeats: int, quick: bool, say,
+def _measure_passes(threads: int, repeats: int, quick: bool, say, cases: list,
                     comm: MPI.Comm | None = None) -> list[dict[str, Any]]:
-    """Times of every pass of the demo network's stages on ``threads`` threads: per case, rounds that call
+    """Times of every pass of the ``cases``' stages on ``threads`` threads: per case, rounds that call
     each pass once in stage order; per pass the median over the rounds, with the spread.  With ``comm``
     (collective): every rank of it runs the same rounds, and a barrier ends every call (timed)."""
     prev = ops.num_threads()
     rows = []
     try:
         ops.set_num_threads(threads)
-        for ci, (label, desc, inp, N) in enumerate(QUICK_CASES if quick else CASES):
+        for ci, (label, desc, inp, N) in enumerate(cases):
             net = Network.from_description({"input": list(inp), "stages": desc})
-            stages = [0] if quick else range(len(net.stages))
+            stages = [0] if quick and not label.startswith(CONFIG_LABEL) else range(len(net.stages))
             passes = stage_passes(net, N, stages, np.random.default_rng(ci))
             fns = {i: fn for i, (_, _, fn, _) in enumerate(passes)}
             # One call per pass a round: each pass finds in cache what the passes before it left there, as
@@ -395,8 +418,11 @@ def _measure_passes(threads: int, repeats: int, quick: bool, say,
             t = interleaved_rounds(fns, rounds, sync=None if comm is None else comm.Barrier)
             for i, (op, k, _, cost) in enumerate(passes):
                 st = robust(t[i])
+                kind = op.split("_", 1)[0]
+                shape = net.pass_shape(net.layer_index(k, kind), N) if kind in OPS_OF_KIND else None
                 rows.append({"case": label, "threads": threads, "op": op, "stage": k, "seconds": st["value"],
-                             "spread": round(st["spread"], 4), "flops": cost.flops, "bytes": cost.bytes})
+                             "spread": round(st["spread"], 4), "flops": cost.flops, "bytes": cost.bytes,
+                             "shape": shape})
     finally:
         ops.set_num_threads(prev if prev != ops.available_cores() else None)
     return rows
@@ -411,7 +437,8 @@ def _rounds_within(fns: dict[Any, Callable[[], Any]], seconds: float, least: int
     return int(min(max(least, math.ceil(seconds / max(time.perf_counter() - t0, 1e-9))), most))
 
 
-def _one_thread_passes(comm: MPI.Comm, hosts: list[str], comp: dict[str, Any], repeats: int, say) -> None:
+def _one_thread_passes(comm: MPI.Comm, hosts: list[str], comp: dict[str, Any], repeats: int, say,
+                       cases: list) -> None:
     """The passes on 1 thread, run at once on up to ``cores`` ranks of rank 0's host (a rank per core
     shares caches and memory bandwidth with the others, as in training), each pass ended by a barrier
     (a step's ranks meet at every exchange: a rank that another process delays holds up the others);
@@ -423,7 +450,7 @@ def _one_thread_passes(comm: MPI.Comm, hosts: list[str], comp: dict[str, Any], r
     if sub != MPI.COMM_NULL:
         say(f"      ({len(busy)} of {cores} cores busy: the same passes on every busy rank at once)")
         sub.Barrier()
-        rows = _measure_passes(1, repeats, False, say if rank == 0 else (lambda *a: None), sub)
+        rows = _measure_passes(1, repeats, False, say if rank == 0 else (lambda *a: None), cases, sub)
         sub.Free()
         comm.Ibarrier().Wait()
     else:
@@ -433,9 +460,19 @@ def _one_thread_passes(comm: MPI.Comm, hosts: list[str], comp: dict[str, Any], r
     comp["busy_1thread"] = len(busy)
 
 
-def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -> dict[str, Any]:
-    """Measure; rank 0 prints; return the machine dict (the same on every rank)."""
+def config_case(name: str, network: Network, batch: int) -> tuple[str, list, tuple[int, int, int], int]:
+    """The case of a config's own network at its batch per replica (``bench calibrate --config``): its
+    passes' shapes are the ones its steps run (``efficiency_by_shape``)."""
+    return (f"{CONFIG_LABEL}{name} N={int(batch)}", network.describe()["stages"], tuple(network.input_shape),
+            int(batch))
+
+
+def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout,
+        extra: tuple = ()) -> dict[str, Any]:
+    """Measure; rank 0 prints; return the machine dict (the same on every rank).  ``extra``: more cases
+    (:func:`config_case`), timed after the built-in ones."""
     raise_collectively(comm, None if int(repeats) >= 1 else f"--repeats must be >= 1, got {repeats}")
+    cases = (QUICK_CASES if quick else CASES) + list(extra)
     rank, size = comm.Get_rank(), comm.Get_size()
     say = (lambda *a: print(*a, file=log, flush=True)) if rank == 0 else (lambda *a: None)
     host = socket.gethostname()
@@ -451,7 +488,7 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
     comp, err = None, None
     if rank == 0:
         try:
-            comp = _measure_compute(repeats, quick, say)
+            comp = _measure_compute(repeats, quick, say, cases)
         except Exception as e:  # noqa: BLE001 - reported on every rank below
             err = f"calibration failed on rank 0: {type(e).__name__}: {e}"
         comm.Ibarrier().Wait()  # matches the others' Ibarrier (a blocking Barrier would not)
@@ -460,7 +497,7 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
     raise_collectively(comm, err, RuntimeError)
     comp = comm.bcast(comp, root=0)
     if comp["cores"] > 1 and not quick:
-        _one_thread_passes(comm, hosts, comp, repeats, say)
+        _one_thread_passes(comm, hosts, comp, repeats, say, cases)
     peak, bw, over, cores = comp["peak_flops"], comp["memory_bandwidth"], comp["overhead_s"], comp["cores"]
 
     all_rows = comp["rows"]
@@ -469,9 +506,9 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
         for th in comp["thread_counts"]:
             rows = [r for r in all_rows if r["case"] == case and r["threads"] == th]
             eff_by[(case, th)] = efficiencies(rows, peak * th / cores, bw * th / cores, comp["tiny"])
-    # Written: the case demo.toml trains (the last), geometric mean over all cores and 1 core: the planner
-    # has one efficiency per op, and a rank runs on all cores (1 rank) or on 1 core (a rank per core).
-    demo = comp["cases"][-1]
+    # Written: the case demo.toml trains (the last built-in one), geometric mean over all cores and 1 core: the
+    # planner has one efficiency per op, and a rank runs on all cores (1 rank) or on 1 core (a rank per core).
+    demo = (QUICK_CASES if quick else CASES)[-1][0]
     by_threads = {str(th): {op: min(round(eff_by[(demo, th)][op], 4), 1.0) for op in OPS}  # (0, 1]: the planner's range
                   for th in comp["thread_counts"]}
     clamped = sorted({op for th in comp["thread_counts"] for op in OPS if eff_by[(demo, th)][op] > 1})
@@ -481,6 +518,7 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
                                                     and r["threads"] == comp["thread_counts"][0]]),
                 "by_threads": {str(th): {op: round(eff_by[(case, th)][op], 4) for op in OPS}  # above 1 too
                                for th in comp["thread_counts"]}} for case in comp["cases"]]
+    by_shape = shape_entries(all_rows, comp["thread_counts"], peak, bw, cores, comp["tiny"])
     if rank == 0:
         say("")
         say(f"per-op times and efficiencies (model: max(flops/rate, bytes/bandwidth)/(t - overhead); rate = "
@@ -548,11 +586,11 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
     seen = _load_seen(before, load.snapshot(job_pids, job_cpus), say) if rank == 0 else None
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     args = f"--repeats {repeats}" + (" --quick" if quick else "")
-    cases = ", ".join(comp["cases"])
+    labels = ", ".join(comp["cases"])
     source = (f"cotsdl bench calibrate {args} (cotsdl {__version__}) on {size} rank(s), {stamp}, host "
               f"{','.join(sorted(set(hosts)))}; peak_flops = numpy sgemm on {cores} core(s), memory_bandwidth = "
               f"threaded copy (read+write); efficiencies = passes of the demo network and the paper's first stage "
-              f"({cases}) on threads "
+              f"({labels}) on threads "
               f"{comp['thread_counts']} (medians over rounds of the passes in stage order; 1 thread with "
               f"{comp.get('busy_1thread', 1)} of {cores} cores busy), written: {demo} per thread count; link: {what}; "
               f"{_load_text(seen)}")
@@ -570,6 +608,8 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
         "efficiency_by_threads": by_threads,
         # every case at its size (bytes per pass): the planner takes an op's efficiency at the op's bytes
         "efficiency_by_size": by_size,
+        # every layer shape of every case at its size: the planner prefers those of an op's own layer shape
+        "efficiency_by_shape": by_shape,
         # a rank's own memory before its first array (the planner's memory model: runtime)
         **({"process_bytes": int(own)} if own else {}),
         "overhead_by_op_s": {op: float(v) for op, v in comp["tiny"].items()},
