@@ -41,6 +41,7 @@ import numpy as np
 
 from .. import backend, ops
 from ..array.rfmap import sites
+from ..nn.network import filter_pass_shape, lcn_pass_shape, pool_pass_shape
 from ..ops import costs
 from ..ops.cpu.parallel import chunk_bounds, run_ranges, single_threaded_blas
 from ..train.objective import sparse_ae_loss
@@ -91,14 +92,15 @@ ALONE_MAX_WEIGHT_BYTES = 256 << 20
 
 
 def predicted(machine: dict[str, Any], name: str, cost: costs.Cost, fc: dict[str, costs.Cost],
-              pc: dict[str, costs.Cost]) -> float:
+              pc: dict[str, costs.Cost], shapes: dict[str, str] | None = None) -> float:
     """The planner's time of pass ``name`` (or of ``train_step``: two forwards, backward-data, backward-weights
     over both pairs of a tied autoencoder, pooling both ways) on ``machine`` for a rank running this
-    process's threads."""
+    process's threads (``shapes``: the layers' pass shapes by kind, as the planner looks efficiencies up)."""
     from ..planner.machine import op_seconds, rank_share  # noqa: PLC0415
 
     share = rank_share(machine, max(1, machine["device"]["cores"] // max(1, ops.num_threads())))
-    one = lambda op, c, pairs=1: op_seconds(machine, share, op, c.flops * pairs, c.bytes * pairs)  # noqa: E731
+    one = lambda op, c, pairs=1: op_seconds(machine, share, op, c.flops * pairs, c.bytes * pairs,  # noqa: E731
+                                            shape=(shapes or {}).get(op.split("_", 1)[0]))
     if name == "train_step":
         return (2 * one("filter_forward", fc["forward"]) + one("filter_backward_data", fc["backward_data"])
                 + one("filter_backward_weights", fc["backward_weights"], 2) + one("pool_forward", pc["forward"])
@@ -293,6 +295,9 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
         dp = xp.ones_like(p)
         pc = costs.l2_pool(*y.shape, POOL["size"], POOL["stride"], item)
         lc = costs.lcn(*y.shape, LCN["size"], item)
+        shapes = {"filter": filter_pass_shape(size, stride, sh.block, sh.K, sh.C, sh.N),
+                  "pool": pool_pass_shape(POOL["size"], POOL["stride"], y.shape[2], sh.N),
+                  "lcn": lcn_pass_shape(LCN["size"], y.shape[2], sh.N)}
         runs = {
             "filter_forward": (lambda: ops.local_filter(x, w, stride, sh.block, workspace=ws), fc["forward"]),
             "filter_bwd_data": (lambda: ops.local_filter_backward_data(dy, w, stride, sh.block, input_shape=x.shape,
@@ -339,7 +344,7 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
                 rec["fraction_of_bandwidth"] = rec["GBps"] / dev["memory_GBps"]
             pred = ""
             if machine is not None:
-                rec["predicted_seconds"] = predicted(machine, name, cost, fc, pc)
+                rec["predicted_seconds"] = predicted(machine, name, cost, fc, pc, shapes)
                 rec["predicted_over_measured"] = rec["predicted_seconds"] / t
                 pred = f" {rec['predicted_seconds'] * 1e3:9.3f} {rec['predicted_over_measured']:9.2f}"
             cells = []

@@ -38,6 +38,20 @@ class Stage:
         return (self.filter, self.pool, self.lcn)
 
 
+def filter_pass_shape(size, stride, block, K: int, C: int, N: int) -> str:
+    """:meth:`Network.pass_shape` of a filter: field, stride, block, units K, input channels C, batch N."""
+    return (f"filter {size[0]}x{size[1]} stride {stride[0]}x{stride[1]} block {block[0]}x{block[1]} K={int(K)} "
+            f"C={int(C)} N={int(N)}")
+
+
+def pool_pass_shape(size, stride, C: int, N: int) -> str:
+    return f"pool {size[0]}x{size[1]} stride {stride[0]}x{stride[1]} C={int(C)} N={int(N)}"
+
+
+def lcn_pass_shape(size: int, C: int, N: int) -> str:
+    return f"lcn {int(size)} C={int(C)} N={int(N)}"
+
+
 class Network:
     """A stack of stages on inputs of spatial shape and channels ``input_shape = (H, W, C)``."""
 
@@ -94,13 +108,10 @@ class Network:
         calibration keeps its efficiencies (``efficiency_by_shape`` of a machine file)."""
         layer, C = self.layers[index], self.shapes[index][2]
         if layer.kind == "filter":
-            (rh, rw), (sh, sw), (bh, bw) = layer.size, layer.stride, layer.block
-            head = f"filter {rh}x{rw} stride {sh}x{sw} block {bh}x{bw} K={layer.channels}"
-        elif layer.kind == "pool":
-            head = f"pool {layer.size[0]}x{layer.size[1]} stride {layer.stride[0]}x{layer.stride[1]}"
-        else:
-            head = f"lcn {layer.size}"
-        return f"{head} C={C} N={int(batch)}"
+            return filter_pass_shape(layer.size, layer.stride, layer.block, layer.channels, C, batch)
+        if layer.kind == "pool":
+            return pool_pass_shape(layer.size, layer.stride, C, batch)
+        return lcn_pass_shape(layer.size, C, batch)
 
     def stage_of(self, index: int) -> int:
         """The stage layer ``index`` belongs to."""
