@@ -216,51 +216,49 @@ def validate_machine(data: Any, source: str = "description") -> dict[str, Any]:
     return out
 
 
+#: The ops of each layer kind (the keys of an ``efficiency_by_shape`` entry)
+OPS_OF_KIND = {"filter": EFFICIENCY_KEYS[:3], "pool": EFFICIENCY_KEYS[3:5], "lcn": EFFICIENCY_KEYS[5:7]}
+
+
 def _check_by_size(source: str, cases: Any) -> None:
     """``efficiency_by_size``: absent, or a list of {case, bytes: {op: > 0}, by_threads: {"t": {op: > 0}}}: not
     capped at 1, as a pass whose data stay in cache, or a thread that runs faster than its share of the
     all-core peak, beats the roofline of its minimum bytes or share."""
-    if cases is None:
-        return
-    if not isinstance(cases, list):
-        raise MachineError(f"machine {source}: efficiency_by_size must be a list of cases")
-    for i, c in enumerate(cases):
-        where = f"efficiency_by_size[{i}]"
-        if not (isinstance(c, dict) and isinstance(c.get("bytes"), dict) and isinstance(c.get("by_threads"), dict)
-                and c["by_threads"]):
-            raise MachineError(f"machine {source}: {where} must be an object with keys case, bytes, by_threads")
-        for k in EFFICIENCY_KEYS:
-            if k not in c["bytes"]:
-                raise MachineError(f"machine {source}: missing key {where}.bytes.{k}")
-            _positive(source, f"{where}.bytes.{k}", c["bytes"][k])
-        _check_by_threads(source, f"{where}.by_threads", c["by_threads"])  # above 1 where a pass beats its roofline
-
-
-#: The ops of each layer kind (the keys of an ``efficiency_by_shape`` entry)
-OPS_OF_KIND = {"filter": EFFICIENCY_KEYS[:3], "pool": EFFICIENCY_KEYS[3:5], "lcn": EFFICIENCY_KEYS[5:7]}
+    _check_entries(source, "efficiency_by_size", cases, "cases", lambda where, c: EFFICIENCY_KEYS)
 
 
 def _check_by_shape(source: str, entries: Any) -> None:
     """``efficiency_by_shape``: absent, or a list of {shape: "KIND ...", case, bytes: {op: > 0}, by_threads:
     {"t": {op: > 0}}} with the ops of the shape's layer kind (:data:`OPS_OF_KIND`), not capped at 1."""
+    def ops_of(where: str, e: dict) -> tuple[str, ...]:
+        kind = e["shape"].split(" ", 1)[0] if isinstance(e.get("shape"), str) else None
+        if kind not in OPS_OF_KIND:
+            raise MachineError(f"machine {source}: {where}.shape = {e.get('shape')!r}: must be a string starting "
+                               f"with one of {', '.join(OPS_OF_KIND)}")
+        return OPS_OF_KIND[kind]
+
+    _check_entries(source, "efficiency_by_shape", entries, "layer shapes", ops_of)
+
+
+def _check_entries(source: str, key: str, entries: Any, what: str, ops_of) -> None:
+    """A list of {..., bytes: {op: > 0}, by_threads: {"t": {op: > 0}}} under ``key``, absent allowed, with the
+    ops ``ops_of(where, entry)`` names."""
     if entries is None:
         return
     if not isinstance(entries, list):
-        raise MachineError(f"machine {source}: efficiency_by_shape must be a list of layer shapes")
+        raise MachineError(f"machine {source}: {key} must be a list of {what}")
     for i, e in enumerate(entries):
-        where = f"efficiency_by_shape[{i}]"
-        if not (isinstance(e, dict) and isinstance(e.get("shape"), str) and isinstance(e.get("bytes"), dict)
-                and isinstance(e.get("by_threads"), dict) and e["by_threads"]):
-            raise MachineError(f"machine {source}: {where} must be an object with keys shape, case, bytes, by_threads")
-        kind = e["shape"].split(" ", 1)[0]
-        if kind not in OPS_OF_KIND:
-            raise MachineError(f"machine {source}: {where}.shape = {e['shape']!r}: must start with one of "
-                               f"{', '.join(OPS_OF_KIND)}")
-        for k in OPS_OF_KIND[kind]:
+        where = f"{key}[{i}]"
+        if not (isinstance(e, dict) and isinstance(e.get("bytes"), dict) and isinstance(e.get("by_threads"), dict)
+                and e["by_threads"]):
+            raise MachineError(f"machine {source}: {where} must be an object with keys "
+                               + ("shape, " if key == "efficiency_by_shape" else "") + "case, bytes, by_threads")
+        ops = ops_of(where, e)
+        for k in ops:
             if k not in e["bytes"]:
                 raise MachineError(f"machine {source}: missing key {where}.bytes.{k}")
             _positive(source, f"{where}.bytes.{k}", e["bytes"][k])
-        _check_by_threads(source, f"{where}.by_threads", e["by_threads"], keys=OPS_OF_KIND[kind])
+        _check_by_threads(source, f"{where}.by_threads", e["by_threads"], keys=ops)  # above 1: a pass beat its roofline
 
 
 def _check_load(source: str, load: Any) -> None:
