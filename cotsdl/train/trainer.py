@@ -97,8 +97,9 @@ class GreedyTrainer:
     fuse_filter : "auto", "on", "off" or stage indices
         Fused stages whose filter joins their pool and LCN while frozen (``NetworkPlan(fuse_filter=...)``):
         the forward of the stages below the trained one exchanges each stage's input once, computing the
-        filter on the sites its pool reads with the neighbours' weights, fetched at the first step of
-        each ``train_stage`` call (and of a replaced weight array); the same bits.  ``"on"``: every fused
+        filter on the sites its pool reads with the neighbours' weights, fetched at the first step after
+        another stage was trained (or a weight array replaced; weights changed in place by the caller
+        between two ``train_stage`` calls of one stage are not seen); the same bits.  ``"on"``: every fused
         stage; ``"auto"``: chosen with ``fuse`` by the run planner, as ``fuse``.
     reduction : "auto", "flat" or "two-level"
         How the replicas sum their gradients (:data:`cotsdl.train.allreduce.REDUCTIONS`; equal
@@ -201,9 +202,10 @@ class GreedyTrainer:
             fixed_fuse, fixed_filter, self.fuse_reason = choice.stages, choice.filters, choice.describe()
         self.plan = NetworkPlan(network, self.decomposition.grid, int(batch), dtype, overlap=bool(overlap),
                                 fuse=fixed_fuse, fuse_filter=fixed_filter)
-        #: names the frozen stages' weights for the plan's weight halos: a new value at every
-        #: ``train_stage`` call (weights may have been changed in place between them)
-        self._frozen_version = 0
+        #: names the frozen stages' weights for the plan's weight halos: a new value whenever a
+        #: ``train_stage`` call trains another stage than the last one did (it may have changed them);
+        #: a replaced weight array (another state) the plan sees by itself
+        self._frozen_version, self._frozen_stage = 0, None
         self.batch, self.replicas, self.lam, self.tied, self.seed = int(batch), int(replicas), float(lam), tied, int(seed)
         # With the cuda backend the weights, the optimizer state and the images live on the GPU.
         self.xp = backend.xp()
@@ -359,7 +361,8 @@ class GreedyTrainer:
     def _begin_stage(self, stage: int) -> None:
         if not 0 <= stage < len(self.network.stages):
             raise ValueError(f"stage must be in [0, {len(self.network.stages)}), got {stage!r}")
-        self._frozen_version += 1  # the frozen weights' halos are fetched again (NetworkPlan.weight_halo)
+        if stage != self._frozen_stage:  # the frozen weights' halos are fetched again (NetworkPlan.weight_halo)
+            self._frozen_version, self._frozen_stage = self._frozen_version + 1, stage
         if self.optimizer is None or stage != self.stage:
             self.optimizer = copy.deepcopy(self.template)
             self.optimizer.comm = self.decomposition.grid.comm

@@ -82,6 +82,9 @@ def test_training_over_a_frozen_fused_stage_is_bitwise_the_per_layer_training(co
     if comm.Get_rank() == 0:
         for i in a:
             np.testing.assert_array_equal(a[i], b[i], err_msg=f"layer {i}")
+    tb.train_stage(1, 1)  # stage 1 again: nothing below it changed, nothing fetched
+    ta.train_stage(1, 1)
+    assert tb.plan.halo_fetches == 1
     # stage 0 trained again (in place), then stage 1: the new weights below are fetched, and used
     for t in (ta, tb):
         t.train_stage(0, 1)
