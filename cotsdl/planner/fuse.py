@@ -104,7 +104,7 @@ def choose_fuse(network: Network, batch: int, ranks: int, dims: Sequence[int] | 
     """Per stage below the top, the form (:data:`FORMS`) the fixed settings allow (``fused``: the
     ``parallel.fuse`` stages, ``filters``: :func:`resolve_filter`'s; None: "auto") whose predicted step of
     the stage above is the fastest, a form with more work winning only by more than ``margin`` of
-    the step.  ``kw``: :func:`predict_step`'s options (dtype, optimizer_slots, ranks_per_node, tied,
+    the step, and only where it fits in memory if the simpler one does.  ``kw``: :func:`predict_step`'s options (dtype, optimizer_slots, ranks_per_node, tied,
     overlap)."""
     n = len(network.stages)
     group = int(ranks) // int(replicas)
@@ -126,15 +126,18 @@ def choose_fuse(network: Network, batch: int, ranks: int, dims: Sequence[int] | 
             secs.append(None)
             preds.append({})
             continue
-        pred = {}
+        pred, fits = {}, {}
         for form in forms:
             fuse, ff = ((), ()) if form == FORMS[0] else ((k,), () if form == FORMS[1] else (k,))
-            pred[form] = predict_step(network, batch, ranks, dims, replicas, machine, stage=k + 1, fuse=fuse,
-                                      fuse_filter=ff, **kw)["seconds"]
+            got = predict_step(network, batch, ranks, dims, replicas, machine, stage=k + 1, fuse=fuse,
+                               fuse_filter=ff, **kw)
+            pred[form], fits[form] = got["seconds"], got["fits"]
         best, notes = forms[0], []
         for form in forms[1:]:
             saved = (pred[best] - pred[form]) / pred[best]
-            if saved > margin:
+            if fits[best] and not fits[form]:  # (the weight halo a frozen filter keeps)
+                notes.append(f"{form} does not fit in the device's memory")
+            elif saved > margin:
                 notes.append(f"{form} {saved:.1%} saved on {best}")
                 best = form
             else:
