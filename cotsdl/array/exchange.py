@@ -44,7 +44,7 @@ from mpi4py import MPI
 
 from .. import backend
 from .box import Box
-from .collective import raise_collectively
+from .collective import raise_collectively, wait_all
 from .cudampi import cuda_aware_mpi
 from .distarray import DistArray, fits
 from .messages import Transfer, partition_error, transfers, window_error
@@ -394,7 +394,7 @@ class ExchangePlan:
         """Complete one call: wait for the messages, then clear, add the self part and unpack."""
         t_wait = time.perf_counter()
         try:
-            MPI.Request.Waitall(reqs)
+            wait_all(reqs)
         finally:
             self._in_flight.discard(direction)
         route.unstage_receives()

@@ -33,6 +33,10 @@ module measures every number of that model in one run:
   kept under ``calibration``.  Large passes run from memory where the demo's run from cache, so
   ``efficiency_by_size`` keeps every case with the bytes of its passes (per op, their geometric
   mean weighted by time) and the planner interpolates an op's efficiency at its own bytes.
+  ``efficiency_by_shape`` keeps the same per case and layer shape
+  (:meth:`cotsdl.nn.network.Network.pass_shape`: field, stride, block, channels, batch), which the
+  planner prefers for a layer of that shape; ``--config`` adds a config's own network at its batch
+  per replica as a case (module :mod:`cotsdl.bench.passes`).
 - ``process_bytes``: rank 0's resident memory at the start, with what a training rank loads
   (numpy, MPI, HDF5, scipy, the native kernels): the planner's memory model counts it per rank.
 - ``link`` and ``node_link`` (:mod:`cotsdl.bench.links`): an MPI ping-pong between rank 0 and
@@ -61,18 +65,19 @@ is in every round: no statistic removes it, and ``load`` records it.
 The top-level ``calibration`` key holds the raw numbers (the planner ignores unknown
 top-level keys).
 
-Compute is measured on rank 0 while the other ranks wait without spinning (an
-``Ibarrier`` polled with sleeps), so they take no core from it.
+The ceilings and call costs are measured on rank 0 while the other ranks wait without spinning
+(an ``Ibarrier`` polled with sleeps), so they take no core from it.  The passes run on the first
+rank of every node at once, so that each node is as busy as in training (simulated nodes on one
+machine share its caches and memory; separate nodes lose nothing), and rank 0's times are kept.
 """
 from __future__ import annotations
 
-import math
 import os
 import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -81,50 +86,16 @@ from .. import __version__, ops
 from ..array import Box, DistArray, ExchangePlan, ProcessGrid, grow
 from ..array.collective import raise_collectively, wait_idle
 from ..nn.network import Network
-from ..ops import costs
 from ..planner import load
-from ..planner.model import UPDATE_WORDS
 from ..array.grid import rank_nodes
 from .links import copy_times, fit_link  # noqa: F401 - tests and older callers reach them here
 from .links import measure as measure_links
-from .common import as_step
+from .passes import (CASES, CONFIG_LABEL, DEMO_STAGES, OPS, PAPER_STAGES, QUICK_CASES,  # noqa: F401 - reached here
+                     _all_core_passes, _one_thread_passes, case_bytes, config_case, demo_network, efficiencies,
+                     shape_entries, stage_passes)
 from .sampling import interleaved_rounds, robust, rounds_for  # noqa: F401 - tests reach them here too
 
 # The network of jobs/configs/demo.toml (copied: an installed package has no jobs/ folder).
-DEMO_STAGES = [
-    {"filter": {"size": [7, 7], "stride": [1, 1], "channels": 16},
-     "pool": {"size": [2, 2], "stride": [2, 2], "eps": 0.01}, "lcn": {"size": 9, "sigma": 2.0, "eps": 0.001}},
-    {"filter": {"size": [13, 13], "stride": [1, 1], "channels": 16},
-     "pool": {"size": [1, 1], "stride": [1, 1], "eps": 0.01}, "lcn": {"size": 1, "sigma": 1.0, "eps": 0.001}},
-]
-# The first stage of the paper's networks (jobs/configs/paper-*.toml; the sizes of the study differ in their
-# maps, not in this layer): 18x18 fields at stride 2, blocks of 4x4 units.
-PAPER_STAGES = [
-    {"filter": {"size": [18, 18], "stride": [2, 2], "block": [4, 4], "channels": 1},
-     "pool": {"size": [5, 5], "stride": [4, 4], "eps": 0.01}, "lcn": {"size": 5, "sigma": 1.0, "eps": 0.0001}},
-]
-# (label, stages, input (H, W, C), batch N): the demo network on colour 64x64 crops with N = 96; the paper's
-# first stage on a 100x200 strip of its 200x200x3 images, N = 96 (one of 2 ranks' share: 264 MB of weights,
-# far beyond any cache, where the demo's passes run from cache: the 185M-parameter network's steps took 1.3-2x
-# what the demo's efficiencies predicted); and the demo as demo.toml trains it (grey 32x32, N = 32; `bench
-# scaling jobs/configs/demo.toml` times this one).  All are printed and written by size
-# (``efficiency_by_size``: the planner takes an op's efficiency at its bytes); ``efficiency`` and
-# ``efficiency_by_threads`` come from the last case (see ``run``).
-CASES = [("64x64x3 N=96", DEMO_STAGES, (64, 64, 3), 96), ("paper 100x200x3 N=96", PAPER_STAGES, (100, 200, 3), 96),
-         ("32x32x1 N=32 (demo)", DEMO_STAGES, (32, 32, 1), 32)]
-QUICK_CASES = [("paper 64x64x3 N=32 (quick)", PAPER_STAGES, (64, 64, 3), 32),
-               ("64x64x3 N=16 (quick)", DEMO_STAGES, (64, 64, 3), 16)]
-
-OPS = ["filter_forward", "filter_backward_data", "filter_backward_weights", "pool_forward", "pool_backward",
-       "lcn_forward", "lcn_backward", "elementwise"]
-#: The elementwise item: a momentum step (the paper's optimizer: one slot) of the stage's weights, counted
-#: as the planner counts an update, every word its numpy operations read and write
-MOMENTUM_WORDS = UPDATE_WORDS[1]
-
-
-def demo_network(input_shape) -> Network:
-    return Network.from_description({"input": list(input_shape), "stages": DEMO_STAGES})
-
 
 # -- the device ---------------------------------------------------------------------------
 def memory_bytes() -> int:
@@ -185,63 +156,6 @@ def _rates(work: float, seconds: list[float]) -> dict[str, float]:
     return robust([work / s for s in seconds])
 
 
-# -- the passes of a stage ----------------------------------------------------------------
-def in_step(fn: Callable[[Any], Any]) -> Callable[[], Any]:
-    """``fn(workspace)`` called as a training step calls its pass: scratch in a workspace kept from
-    call to call, results in memory lent for the call and taken back at the next (its own, as the
-    passes are timed in turn)."""
-    lent = ops.Outputs()
-    ws = ops.Workspace(lent)
-    return as_step(lent, lambda: fn(ws))
-
-
-def stage_passes(net: Network, N: int, stages, rng) -> list[tuple[str, int, Callable[[], Any], costs.Cost]]:
-    """(op, stage, callable, cost) of every timed pass of ``stages`` of ``net`` at batch ``N``, float32,
-    each called as a training step calls it (:func:`in_step`)."""
-    from ..train.optim import Momentum  # noqa: PLC0415
-
-    out = []
-    f32 = np.float32
-    for k in stages:
-        st = net.stages[k]
-        fl, pl, ll = st.filter, st.pool, st.lcn
-        xs = net.shapes[net.layer_index(k, "filter")] + (N,)
-        x = rng.standard_normal(xs, dtype=f32)
-        w = rng.standard_normal(fl.weight_shape(xs), dtype=f32) * f32(0.1)
-        y = ops.local_filter(x, w, fl.stride, fl.block)
-        dy = rng.standard_normal(y.shape, dtype=f32)
-        fc = fl.cost(xs, 4)
-        p = ops.l2_pool(y, pl.size, pl.stride, pl.eps)
-        dp = np.ones_like(p)
-        pc = costs.l2_pool(*y.shape, pl.size, pl.stride, 4)
-        z = rng.standard_normal(p.shape, dtype=f32)
-        dz = rng.standard_normal(p.shape, dtype=f32)
-        lc = costs.lcn(*p.shape, ll.size, 4)
-        # the update runs on w and the gradient backward-weights writes (zeros until it does): no more
-        # weight-sized arrays than a step has (the paper case's are 264 MB)
-        mom, dw = Momentum(lr=1e-6), np.zeros_like(w)
-        out += [
-            ("filter_forward", k, in_step(lambda ws, x=x, w=w, fl=fl: ops.local_filter(
-                x, w, fl.stride, fl.block, workspace=ws)), fc["forward"]),
-            ("filter_backward_data", k, in_step(lambda ws, dy=dy, w=w, fl=fl, xs=xs: ops.local_filter_backward_data(
-                dy, w, fl.stride, fl.block, input_shape=xs, workspace=ws)), fc["backward_data"]),
-            ("filter_backward_weights", k, in_step(
-                lambda ws, x=x, dy=dy, fl=fl, dw=dw: ops.local_filter_backward_weights(
-                    x, dy, fl.size, fl.stride, fl.block, workspace=ws, out=dw)), fc["backward_weights"]),
-            ("pool_forward", k, in_step(
-                lambda ws, y=y, pl=pl: ops.l2_pool(y, pl.size, pl.stride, pl.eps, workspace=ws)), pc["forward"]),
-            ("pool_backward", k, in_step(lambda ws, dp=dp, y=y, p=p, pl=pl: ops.l2_pool_backward(
-                dp, y, p, pl.size, pl.stride, workspace=ws)), pc["backward"]),
-            ("lcn_forward", k, in_step(lambda ws, z=z, ll=ll: ops.lcn(z, ll.size, ll.sigma, ll.eps, workspace=ws)),
-             lc["forward"]),
-            ("lcn_backward", k, in_step(lambda ws, dz=dz, z=z, ll=ll: ops.lcn_backward(
-                dz, z, ll.size, ll.sigma, ll.eps, workspace=ws)), lc["backward"]),
-            ("elementwise", k, lambda mom=mom, w=w, dw=dw: mom.step({"w": w}, {"w": dw}),
-             costs.Cost(4.0 * w.size, 4.0 * MOMENTUM_WORDS * w.size)),
-        ]
-    return out
-
-
 def tiny_overhead(repeats: int) -> tuple[float, dict[str, float]]:
     """The least time over the op kinds of one call on tiny arrays (what every call costs beyond its work:
     checks and dispatch); the filter's and LCN's larger fixed costs stay in their efficiencies.  Per op
@@ -254,17 +168,6 @@ def tiny_overhead(repeats: int) -> tuple[float, dict[str, float]]:
     t = interleaved_rounds(fns, rounds, calls=-(-max(20, 4 * repeats) // rounds))
     per = {name: robust(v)["value"] for name, v in t.items()}
     return float(min(per.values())), per
-
-
-def case_bytes(rows) -> dict[str, float]:
-    """Per op: the bytes of its passes in ``rows`` (a case's), their geometric mean weighted by time: the
-    size at which the case's efficiency of that op holds (``efficiency_by_size``)."""
-    out = {}
-    for op in OPS:
-        mine = [r for r in rows if r["op"] == op and r["bytes"] > 0]
-        t = sum(r["seconds"] for r in mine)
-        out[op] = float(math.exp(sum(r["seconds"] * math.log(r["bytes"]) for r in mine) / t))
-    return out
 
 
 def process_bytes() -> int | None:
@@ -282,17 +185,6 @@ def process_bytes() -> int | None:
             return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
     except (OSError, StopIteration, ValueError):
         return None
-
-
-def efficiencies(rows, peak: float, bw: float, overhead: dict[str, float]) -> dict[str, float]:
-    """Per op: sum over rows of the model's floor / sum of (time - the op's call cost) (time-weighted)."""
-    out = {}
-    for op in OPS:
-        mine = [r for r in rows if r["op"] == op]
-        floor = sum(max(r["flops"] / peak, r["bytes"] / bw) for r in mine)
-        spent = sum(max(r["seconds"] - overhead[op], 0.05 * r["seconds"]) for r in mine)
-        out[op] = floor / spent
-    return out
 
 
 # -- the link -------------------------------------------------------------------------------
@@ -342,7 +234,7 @@ def _median_spread(rows) -> float:
 
 
 # -- the run ----------------------------------------------------------------------------------
-def _measure_compute(repeats: int, quick: bool, say) -> dict[str, Any]:
+def _measure_compute(repeats: int, quick: bool, say, cases: list) -> dict[str, Any]:
     cores = ops.available_cores()
     prev = ops.num_threads()
     res: dict[str, Any] = {"cores": cores}
@@ -362,80 +254,19 @@ def _measure_compute(repeats: int, quick: bool, say) -> dict[str, Any]:
         res["overhead_s"], res["tiny"] = tiny_overhead(repeats)
         say(f"      overhead per op call (tiny arrays, least over the ops) {res['overhead_s'] * 1e6:.1f} us: "
             + ", ".join(f"{k} {v * 1e6:.0f}" for k, v in res["tiny"].items()))
-        res["rows"] = _measure_passes(cores, repeats, quick, say)
         res["thread_counts"] = [cores]
-        res["cases"] = [c[0] for c in (QUICK_CASES if quick else CASES)]
+        res["cases"] = [c[0] for c in cases]
     finally:
         ops.set_num_threads(prev if prev != ops.available_cores() else None)
     return res
 
 
-def _measure_passes(threads: int, repeats: int, quick: bool, say,
-                    comm: MPI.Comm | None = None) -> list[dict[str, Any]]:
-    """Times of every pass of the demo network's stages on ``threads`` threads: per case, rounds that call
-    each pass once in stage order; per pass the median over the rounds, with the spread.  With ``comm``
-    (collective): every rank of it runs the same rounds, and a barrier ends every call (timed)."""
-    prev = ops.num_threads()
-    rows = []
-    try:
-        ops.set_num_threads(threads)
-        for ci, (label, desc, inp, N) in enumerate(QUICK_CASES if quick else CASES):
-            net = Network.from_description({"input": list(inp), "stages": desc})
-            stages = [0] if quick else range(len(net.stages))
-            passes = stage_passes(net, N, stages, np.random.default_rng(ci))
-            fns = {i: fn for i, (_, _, fn, _) in enumerate(passes)}
-            # One call per pass a round: each pass finds in cache what the passes before it left there, as
-            # in a training step (a small network's step stays in the caches, a large one's does not).
-            # Timing a pass after a flush of the caches made the demo's passes 1.36x slower than that here.
-            # Rounds: 0.1 s per pass in all, as many as that takes (up to 200), at least rounds_for(repeats).
-            rounds = rounds_for(repeats) if quick else _rounds_within(fns, 0.1 * len(fns), rounds_for(repeats))
-            if comm is not None:
-                rounds = comm.allreduce(rounds, op=MPI.MAX)
-            say(f"[2/4] case {label}: {len(passes)} passes on {threads} thread(s), {rounds} interleaved rounds ...")
-            t = interleaved_rounds(fns, rounds, sync=None if comm is None else comm.Barrier)
-            for i, (op, k, _, cost) in enumerate(passes):
-                st = robust(t[i])
-                rows.append({"case": label, "threads": threads, "op": op, "stage": k, "seconds": st["value"],
-                             "spread": round(st["spread"], 4), "flops": cost.flops, "bytes": cost.bytes})
-    finally:
-        ops.set_num_threads(prev if prev != ops.available_cores() else None)
-    return rows
-
-
-def _rounds_within(fns: dict[Any, Callable[[], Any]], seconds: float, least: int, most: int = 200) -> int:
-    """How many rounds of calling every function once take about ``seconds`` (between ``least`` and
-    ``most``), from one round timed now (it also warms them up)."""
-    t0 = time.perf_counter()
-    for fn in fns.values():
-        fn()
-    return int(min(max(least, math.ceil(seconds / max(time.perf_counter() - t0, 1e-9))), most))
-
-
-def _one_thread_passes(comm: MPI.Comm, hosts: list[str], comp: dict[str, Any], repeats: int, say) -> None:
-    """The passes on 1 thread, run at once on up to ``cores`` ranks of rank 0's host (a rank per core
-    shares caches and memory bandwidth with the others, as in training), each pass ended by a barrier
-    (a step's ranks meet at every exchange: a rank that another process delays holds up the others);
-    rank 0's times are kept."""
-    rank, cores = comm.Get_rank(), comp["cores"]
-    busy = [r for r in range(comm.Get_size()) if hosts[r] == hosts[0]][:cores]
-    sub = comm.Split(0 if rank in busy else MPI.UNDEFINED, rank)
-    rows = None
-    if sub != MPI.COMM_NULL:
-        say(f"      ({len(busy)} of {cores} cores busy: the same passes on every busy rank at once)")
-        sub.Barrier()
-        rows = _measure_passes(1, repeats, False, say if rank == 0 else (lambda *a: None), sub)
-        sub.Free()
-        comm.Ibarrier().Wait()
-    else:
-        wait_idle(comm)
-    comp["rows"] += comm.bcast(rows if rank == 0 else None, root=0)
-    comp["thread_counts"].append(1)
-    comp["busy_1thread"] = len(busy)
-
-
-def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -> dict[str, Any]:
-    """Measure; rank 0 prints; return the machine dict (the same on every rank)."""
+def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout,
+        extra: tuple = ()) -> dict[str, Any]:
+    """Measure; rank 0 prints; return the machine dict (the same on every rank).  ``extra``: more cases
+    (:func:`config_case`), timed after the built-in ones."""
     raise_collectively(comm, None if int(repeats) >= 1 else f"--repeats must be >= 1, got {repeats}")
+    cases = (QUICK_CASES if quick else CASES) + list(extra)
     rank, size = comm.Get_rank(), comm.Get_size()
     say = (lambda *a: print(*a, file=log, flush=True)) if rank == 0 else (lambda *a: None)
     host = socket.gethostname()
@@ -447,11 +278,11 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
     say(f"cotsdl bench calibrate: {size} rank(s) on {len(set(hosts))} host(s), {ops.available_cores()} core(s) "
         f"on rank 0, repeats {repeats}{', quick' if quick else ''}; {MPI.Get_library_version().splitlines()[0].strip()}")
 
-    # 1. compute, on rank 0 alone (the others wait without spinning)
+    # 1. the ceilings and the call costs, on rank 0 alone (the others wait without spinning); then the passes
     comp, err = None, None
     if rank == 0:
         try:
-            comp = _measure_compute(repeats, quick, say)
+            comp = _measure_compute(repeats, quick, say, cases)
         except Exception as e:  # noqa: BLE001 - reported on every rank below
             err = f"calibration failed on rank 0: {type(e).__name__}: {e}"
         comm.Ibarrier().Wait()  # matches the others' Ibarrier (a blocking Barrier would not)
@@ -459,8 +290,9 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
         wait_idle(comm)
     raise_collectively(comm, err, RuntimeError)
     comp = comm.bcast(comp, root=0)
+    _all_core_passes(comm, hosts, comp, repeats, quick, say, cases)
     if comp["cores"] > 1 and not quick:
-        _one_thread_passes(comm, hosts, comp, repeats, say)
+        _one_thread_passes(comm, hosts, comp, repeats, say, cases)
     peak, bw, over, cores = comp["peak_flops"], comp["memory_bandwidth"], comp["overhead_s"], comp["cores"]
 
     all_rows = comp["rows"]
@@ -469,9 +301,9 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
         for th in comp["thread_counts"]:
             rows = [r for r in all_rows if r["case"] == case and r["threads"] == th]
             eff_by[(case, th)] = efficiencies(rows, peak * th / cores, bw * th / cores, comp["tiny"])
-    # Written: the case demo.toml trains (the last), geometric mean over all cores and 1 core: the planner
-    # has one efficiency per op, and a rank runs on all cores (1 rank) or on 1 core (a rank per core).
-    demo = comp["cases"][-1]
+    # Written: the case demo.toml trains (the last built-in one), geometric mean over all cores and 1 core: the
+    # planner has one efficiency per op, and a rank runs on all cores (1 rank) or on 1 core (a rank per core).
+    demo = (QUICK_CASES if quick else CASES)[-1][0]
     by_threads = {str(th): {op: min(round(eff_by[(demo, th)][op], 4), 1.0) for op in OPS}  # (0, 1]: the planner's range
                   for th in comp["thread_counts"]}
     clamped = sorted({op for th in comp["thread_counts"] for op in OPS if eff_by[(demo, th)][op] > 1})
@@ -481,6 +313,7 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
                                                     and r["threads"] == comp["thread_counts"][0]]),
                 "by_threads": {str(th): {op: round(eff_by[(case, th)][op], 4) for op in OPS}  # above 1 too
                                for th in comp["thread_counts"]}} for case in comp["cases"]]
+    by_shape = shape_entries(all_rows, comp["thread_counts"], peak, bw, cores, comp["tiny"])
     if rank == 0:
         say("")
         say(f"per-op times and efficiencies (model: max(flops/rate, bytes/bandwidth)/(t - overhead); rate = "
@@ -548,11 +381,11 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
     seen = _load_seen(before, load.snapshot(job_pids, job_cpus), say) if rank == 0 else None
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     args = f"--repeats {repeats}" + (" --quick" if quick else "")
-    cases = ", ".join(comp["cases"])
+    labels = ", ".join(comp["cases"])
     source = (f"cotsdl bench calibrate {args} (cotsdl {__version__}) on {size} rank(s), {stamp}, host "
               f"{','.join(sorted(set(hosts)))}; peak_flops = numpy sgemm on {cores} core(s), memory_bandwidth = "
               f"threaded copy (read+write); efficiencies = passes of the demo network and the paper's first stage "
-              f"({cases}) on threads "
+              f"({labels}) on threads "
               f"{comp['thread_counts']} (medians over rounds of the passes in stage order; 1 thread with "
               f"{comp.get('busy_1thread', 1)} of {cores} cores busy), written: {demo} per thread count; link: {what}; "
               f"{_load_text(seen)}")
@@ -570,6 +403,8 @@ def run(comm: MPI.Comm, repeats: int = 5, quick: bool = False, log=sys.stdout) -
         "efficiency_by_threads": by_threads,
         # every case at its size (bytes per pass): the planner takes an op's efficiency at the op's bytes
         "efficiency_by_size": by_size,
+        # every layer shape of every case at its size: the planner prefers those of an op's own layer shape
+        "efficiency_by_shape": by_shape,
         # a rank's own memory before its first array (the planner's memory model: runtime)
         **({"process_bytes": int(own)} if own else {}),
         "overhead_by_op_s": {op: float(v) for op, v in comp["tiny"].items()},

@@ -114,6 +114,9 @@ def add_parser(sub) -> None:
     ca.add_argument("--repeats", type=int, default=5)
     ca.add_argument("--quick", action="store_true", help="fewer shapes and repeats (for tests)")
     ca.add_argument("--json", metavar="FILE", help="write the machine file here (default: print it only)")
+    ca.add_argument("--config", metavar="CONFIG", action="append", default=[],
+                    help="also time the passes of this config's network at its batch per replica, so that the "
+                         "planner takes its layers' efficiencies from their own shapes (repeatable)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -393,14 +396,19 @@ def _calibrate(args) -> int:
 
     from ..array.collective import agree, raise_collectively  # noqa: PLC0415
     from ..bench import calibrate, common  # noqa: PLC0415
+    from . import run as run_spec  # noqa: PLC0415
 
     comm = MPI.COMM_WORLD  # the program's world: the library itself always takes a communicator
-    agree(comm, repeats=args.repeats, quick=args.quick, json=args.json)
+    agree(comm, repeats=args.repeats, quick=args.quick, json=args.json, config=args.config)
     err = common.check_output_path(args.json) if comm.Get_rank() == 0 else None
     if err is None and args.repeats < 1:
         err = f"--repeats must be >= 1, got {args.repeats}"
     raise_collectively(comm, err)
-    machine = calibrate.run(comm, args.repeats, args.quick)
+    extra = []
+    for path in args.config:  # every rank reads it: one agreed error naming the file and key
+        spec = run_spec.read_agreed(comm, path)
+        extra.append(calibrate.config_case(Path(path).stem, spec.network, spec.data.batch))
+    machine = calibrate.run(comm, args.repeats, args.quick, extra=tuple(extra))
     if comm.Get_rank() == 0:
         if args.json:
             common.write_json(args.json, machine)

@@ -55,7 +55,7 @@ RESUME_KEYS = ("train.lam:", "train.filter_norm:", "train.optimizer.", "train.sc
 
 def setup_backend(spec: RunSpec, comm) -> str:
     from .. import backend, ops  # noqa: PLC0415
-    from ..array.collective import raise_collectively  # noqa: PLC0415
+    from ..array.collective import raise_collectively, yield_waits  # noqa: PLC0415
     from ..array.grid import node_local_size, use_node_local_gpu  # noqa: PLC0415
 
     if spec.backend != "auto":
@@ -70,9 +70,12 @@ def setup_backend(spec: RunSpec, comm) -> str:
         raise_collectively(comm, err)
         use_node_local_gpu(comm)
     threads = spec.threads
+    here = node_local_size(comm)
     if not threads:  # share the node's cores among its ranks (oversubscribed BLAS is many times slower)
-        threads = max(1, ops.available_cores() // node_local_size(comm))
+        threads = max(1, ops.available_cores() // here)
     ops.set_num_threads(threads)
+    # more ranks than cores on a node: a rank waiting for a message gives the core to the one that sends it
+    yield_waits(here > ops.available_cores())
     return name
 
 
@@ -283,7 +286,10 @@ def _train_on(spec, data, meta, backend_name, guard, comm, t_start, log, say, co
     say(f"cotsdl train {source}: {comm.Get_size()} rank(s), backend {backend_name}, data {dc.file} "
         f"({len(data)} images {'x'.join(map(str, data.image_shape))}), global batch {global_batch}, "
         f"steps per stage {steps}, run folder {folder}")
-    say(f"on {describe_nodes(layout)}")
+    from ..array.collective import waits_yield  # noqa: PLC0415
+
+    say(f"on {describe_nodes(layout)}" + ("; more ranks than cores on rank 0's node: waits for messages give the core away"
+                                          if waits_yield() else ""))
     if root and meta is not None and old is not None:
         try:
             changed = cfgmod.diff(cfgmod.tomllib.loads(old), cfgmod.tomllib.loads(cfgmod.dumps(spec.config)))

@@ -87,6 +87,21 @@ class Network:
             raise ValueError(f"the network has no {kind} layer in stage {stage!r} "
                              f"({len(self.stages)} stage(s))") from None
 
+    def pass_shape(self, index: int, batch: int) -> str:
+        """What the passes of layer ``index`` at ``batch`` images look like apart from the size of their
+        maps: the per-site product's sizes and the windows' strides, on which a pass's speed depends
+        besides its bytes (a backward-weights pass reduces over the batch).  The key under which a
+        calibration keeps its efficiencies (``efficiency_by_shape`` of a machine file)."""
+        layer, C = self.layers[index], self.shapes[index][2]
+        if layer.kind == "filter":
+            (rh, rw), (sh, sw), (bh, bw) = layer.size, layer.stride, layer.block
+            head = f"filter {rh}x{rw} stride {sh}x{sw} block {bh}x{bw} K={layer.channels}"
+        elif layer.kind == "pool":
+            head = f"pool {layer.size[0]}x{layer.size[1]} stride {layer.stride[0]}x{layer.stride[1]}"
+        else:
+            head = f"lcn {layer.size}"
+        return f"{head} C={C} N={int(batch)}"
+
     def stage_of(self, index: int) -> int:
         """The stage layer ``index`` belongs to."""
         return self.roles[index][0]

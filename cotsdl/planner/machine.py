@@ -17,6 +17,8 @@ A machine is plain JSON (``cotsdl bench calibrate`` writes one for the machine i
      "load": {"host": str, "other_busy_cores": cores, ...} (optional: what a calibration saw),
      "efficiency_by_size": [{"case": str, "bytes": {op: bytes}, "by_threads": {"1": {op: f}, ...}}, ...]
                    (optional: efficiencies measured on passes of those sizes),
+     "efficiency_by_shape": [{"shape": str, "case": str, "bytes": {op: bytes}, "by_threads": {"1": {op: f}}},
+                             ...] (optional: the same per layer shape, ``Network.pass_shape``; its ops only),
      "process_bytes": bytes (optional: a CPU rank's own memory before its first array)}
 
 The time of one operation on one rank (:func:`op_seconds`) is the roofline divided by
@@ -31,7 +33,11 @@ and of its memory bandwidth.  An efficiency is thus the fraction of the roofline
 operation reaches, which is what a calibration measures (roofline time / measured time).
 Where the machine has ``efficiency_by_size`` the efficiency is that of the op's own bytes
 (:func:`efficiency`): a pass whose arrays stay in cache and one that streams hundreds of
-MB from memory reach different fractions of the roofline.
+MB from memory reach different fractions of the roofline.  Where it also has
+``efficiency_by_shape`` entries of the op's layer shape (:meth:`cotsdl.nn.network.Network.pass_shape`:
+the per-site product's sizes, the batch included), those are taken instead: the speed of a pass
+depends on its shape as much as on its bytes (the demo's backward-weights pass reduces over 32
+images at 0.38 of the roofline and over 96 at 0.73, at bytes in between).
 
 ``link`` is the link between ranks of one node and, without ``node_link``, between nodes
 too; ``node_link`` is the link between nodes, measured apart by a calibration that spans
@@ -118,14 +124,15 @@ class MachineError(ValueError):
     """A machine description that cannot be used; names the file (or preset) and the key."""
 
 
-def _check_by_threads(source: str, where: str, table: dict, upto: float | None = None) -> None:
-    """``table``: thread counts ("1", "2", ...) -> an efficiency object with every key, each positive (at
-    most ``upto``)."""
+def _check_by_threads(source: str, where: str, table: dict, upto: float | None = None,
+                      keys: tuple[str, ...] = EFFICIENCY_KEYS) -> None:
+    """``table``: thread counts ("1", "2", ...) -> an efficiency object with every one of ``keys``, each
+    positive (at most ``upto``)."""
     for t, effs in table.items():
         if not (isinstance(t, str) and t.isdigit() and int(t) >= 1 and isinstance(effs, dict)):
             raise MachineError(f"machine {source}: {where}.{t}: keys must be thread counts "
                                "(\"1\", \"2\", ...) holding efficiency objects")
-        for k in EFFICIENCY_KEYS:
+        for k in keys:
             if k not in effs:
                 raise MachineError(f"machine {source}: missing key {where}.{t}.{k}")
             _positive(source, f"{where}.{t}.{k}", effs[k], upto=upto)
@@ -194,6 +201,7 @@ def validate_machine(data: Any, source: str = "description") -> dict[str, Any]:
     # t threads, and each op's fixed cost per call.
     _check_by_threads(source, "efficiency_by_threads", data.get("efficiency_by_threads") or {}, upto=1)
     _check_by_size(source, data.get("efficiency_by_size"))
+    _check_by_shape(source, data.get("efficiency_by_shape"))
     if "process_bytes" in data:
         _positive(source, "process_bytes", data["process_bytes"])
     for k, v in (data.get("overhead_by_op_s") or {}).items():
@@ -226,6 +234,33 @@ def _check_by_size(source: str, cases: Any) -> None:
                 raise MachineError(f"machine {source}: missing key {where}.bytes.{k}")
             _positive(source, f"{where}.bytes.{k}", c["bytes"][k])
         _check_by_threads(source, f"{where}.by_threads", c["by_threads"])  # above 1 where a pass beats its roofline
+
+
+#: The ops of each layer kind (the keys of an ``efficiency_by_shape`` entry)
+OPS_OF_KIND = {"filter": EFFICIENCY_KEYS[:3], "pool": EFFICIENCY_KEYS[3:5], "lcn": EFFICIENCY_KEYS[5:7]}
+
+
+def _check_by_shape(source: str, entries: Any) -> None:
+    """``efficiency_by_shape``: absent, or a list of {shape: "KIND ...", case, bytes: {op: > 0}, by_threads:
+    {"t": {op: > 0}}} with the ops of the shape's layer kind (:data:`OPS_OF_KIND`), not capped at 1."""
+    if entries is None:
+        return
+    if not isinstance(entries, list):
+        raise MachineError(f"machine {source}: efficiency_by_shape must be a list of layer shapes")
+    for i, e in enumerate(entries):
+        where = f"efficiency_by_shape[{i}]"
+        if not (isinstance(e, dict) and isinstance(e.get("shape"), str) and isinstance(e.get("bytes"), dict)
+                and isinstance(e.get("by_threads"), dict) and e["by_threads"]):
+            raise MachineError(f"machine {source}: {where} must be an object with keys shape, case, bytes, by_threads")
+        kind = e["shape"].split(" ", 1)[0]
+        if kind not in OPS_OF_KIND:
+            raise MachineError(f"machine {source}: {where}.shape = {e['shape']!r}: must start with one of "
+                               f"{', '.join(OPS_OF_KIND)}")
+        for k in OPS_OF_KIND[kind]:
+            if k not in e["bytes"]:
+                raise MachineError(f"machine {source}: missing key {where}.bytes.{k}")
+            _positive(source, f"{where}.bytes.{k}", e["bytes"][k])
+        _check_by_threads(source, f"{where}.by_threads", e["by_threads"], keys=OPS_OF_KIND[kind])
 
 
 def _check_load(source: str, load: Any) -> None:
@@ -308,41 +343,47 @@ def _for_threads(by: dict[str, dict[str, float]], threads: int) -> dict[str, flo
     return by[str(counts[-1])] if counts else None
 
 
-def efficiency(machine: dict[str, Any], share: dict[str, float], op: str, nbytes: float | None = None) -> float:
+def efficiency(machine: dict[str, Any], share: dict[str, float], op: str, nbytes: float | None = None,
+               shape: str | None = None) -> float:
     """The efficiency of ``op`` for a rank running ``share["threads"]`` threads: the calibrated value
     for that thread count when the machine has one (the nearest count below), else ``efficiency``.
 
     With ``nbytes`` (the op's bytes) and a machine with ``efficiency_by_size``: the cases' efficiencies
     interpolated at ``nbytes``, linearly in log(bytes) between the two cases around it (the nearest one
     outside their range): a pass of the paper's layer streams its 264 MB of weights from memory, the
-    demo's stay in cache."""
+    demo's stay in cache.  With ``shape`` (:meth:`~cotsdl.nn.network.Network.pass_shape` of the op's
+    layer) and ``efficiency_by_shape`` entries of that shape holding ``op``: the same over those entries
+    only."""
     threads = share.get("threads", 1)
-    points = []
-    for case in (machine.get("efficiency_by_size") or []) if nbytes and nbytes > 0 else []:
-        effs = _for_threads(case["by_threads"], threads)
-        if effs is not None:
-            points.append((math.log(case["bytes"][op]), effs[op]))
-    if points:
-        points.sort()
-        x = math.log(nbytes)
-        if x <= points[0][0]:
-            return points[0][1]
-        for (x0, e0), (x1, e1) in zip(points, points[1:]):
-            if x <= x1:
-                return e0 + (e1 - e0) * (x - x0) / (x1 - x0) if x1 > x0 else e1
-        return points[-1][1]
+    if nbytes and nbytes > 0:
+        for cases in ([e for e in machine.get("efficiency_by_shape") or [] if e["shape"] == shape and op in e["bytes"]]
+                      if shape else [], machine.get("efficiency_by_size") or []):
+            points = [(math.log(c["bytes"][op]), effs[op]) for c in cases
+                      if (effs := _for_threads(c["by_threads"], threads)) is not None]
+            if points:
+                return _at(sorted(points), math.log(nbytes))
     effs = _for_threads(machine.get("efficiency_by_threads") or {}, threads)
     return effs[op] if effs is not None else machine["efficiency"][op]
 
 
+def _at(points: list[tuple[float, float]], x: float) -> float:
+    """The sorted ``points`` (x, y) interpolated linearly at ``x`` (the nearest one outside their range)."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, e0), (x1, e1) in zip(points, points[1:]):
+        if x <= x1:
+            return e0 + (e1 - e0) * (x - x0) / (x1 - x0) if x1 > x0 else e1
+    return points[-1][1]
+
+
 def op_seconds(machine: dict[str, Any], share: dict[str, float], op: str, flops: float, nbytes: float,
-               calls: int = 1) -> float:
+               calls: int = 1, shape: str | None = None) -> float:
     """``max(flops / rate, bytes / bandwidth) / efficiency[op] + calls * overhead_s * slice`` (0 for no
-    work)."""
+    work; ``shape``: the layer's pass shape, :func:`efficiency`)."""
     if flops <= 0 and nbytes <= 0:
         return 0.0
     roof = max(flops / share["flops"], nbytes / share["bandwidth"])
-    return roof / efficiency(machine, share, op, nbytes) + calls * call_seconds(machine, op, share)
+    return roof / efficiency(machine, share, op, nbytes, shape) + calls * call_seconds(machine, op, share)
 
 
 def call_seconds(machine: dict[str, Any], op: str | None = None, share: dict[str, float] | None = None) -> float:

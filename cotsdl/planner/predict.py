@@ -112,13 +112,14 @@ def _spans(ranks: Sequence[int], rpn: int) -> int:
 
 
 def _op_seconds(op: Op, machine: dict[str, Any], share: dict[str, float], wire=None,
-                nodes_of_group: int = 1, levels: tuple[int, int] | None = None) -> np.ndarray | float:
+                nodes_of_group: int = 1, levels: tuple[int, int] | None = None,
+                shape: str | None = None) -> np.ndarray | float:
     """One op's time per rank (``wire``: an exchange's from :func:`_wire`; ``nodes_of_group``: how many
     nodes a reduction's group spans; ``levels``: (its ranks per node, its nodes) where the replicas'
-    gradient goes in two levels, :mod:`cotsdl.train.allreduce`)."""
+    gradient goes in two levels, :mod:`cotsdl.train.allreduce`; ``shape``: a layer pass's shape)."""
     if op.kind == "compute":
         fl, by = np.broadcast_arrays(np.asarray(op.flops, float), np.asarray(op.bytes, float))
-        return np.array([op_seconds(machine, share, op.what, a, b) for a, b in zip(fl.ravel(), by.ravel())])
+        return np.array([op_seconds(machine, share, op.what, a, b, shape=shape) for a, b in zip(fl.ravel(), by.ravel())])
     if op.kind == "exchange":
         if wire is None:
             wire = message_seconds(machine, np.maximum(op.msgs_sent, op.msgs_received), np.maximum(op.sent, op.received))
@@ -248,7 +249,11 @@ def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] |
     on_nodes = [k * group // rpn for k in range(replicas)]
     kind = choose_reduction(reduction, on_nodes)[0]
     levels = (max(Counter(on_nodes).values()), len(set(on_nodes))) if kind == "two-level" else None
-    per_rank = [np.broadcast_to(_op_seconds(op, machine, share, wires.get(i), spanned(op), levels),
+    def shape(op: Op) -> str | None:  # a layer's own pass (not the elementwise work beside it)
+        return network.pass_shape(op.layer, batch) if op.kind == "compute" and op.layer is not None \
+            and op.what != "elementwise" else None
+
+    per_rank = [np.broadcast_to(_op_seconds(op, machine, share, wires.get(i), spanned(op), levels, shape(op)),
                                 (len(counts[0].sent),)) for i, op in enumerate(ops)]
     times = [float(np.max(t)) for t in per_rank]
     if overlap:

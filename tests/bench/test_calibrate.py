@@ -172,3 +172,47 @@ def test_the_calibrated_network_is_the_demo():
     label, stages, shape, batch = next(c for c in CASES if c[1] is PAPER_STAGES)
     assert paper.network.describe()["stages"][:1] == Network.from_description(
         {"input": list(shape), "stages": stages}).describe()["stages"] and batch == paper.data.batch, label
+
+
+def test_config_adds_its_layers_by_shape_and_the_planner_takes_them(tmp_path):
+    """``--config``: the config's own passes at its batch per replica are timed, kept per layer shape
+    (``efficiency_by_shape``), and the planner takes its ops' efficiencies from them."""
+    from cotsdl.cli.run import read
+    from cotsdl.planner import predict_step
+    from cotsdl.planner.machine import efficiency, rank_share
+
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(_tiny())
+    out = tmp_path / "m.json"
+    res = _calibrate("--quick", "--repeats", "1", "--config", str(cfg), "--json", str(out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    m = json.loads(out.read_text())
+    assert "config tiny N=6" in res.stdout
+    net = read(cfg).network
+    want = {net.pass_shape(i, 6) for i in range(len(net.layers))}
+    mine = [e for e in m["efficiency_by_shape"] if e["case"] == "config tiny N=6"]
+    assert {e["shape"] for e in mine} == want
+    assert all(set(e["bytes"]) == set(effs) for e in mine for effs in e["by_threads"].values())
+    machine = load_machine(str(out))
+    share = rank_share(machine, 1)
+    for e in mine:  # a layer of that shape, at the case's own bytes, takes the case's efficiency
+        effs = e["by_threads"][str(share["threads"])]  # one rank: all the cores, as --quick measured
+        for op, b in e["bytes"].items():
+            assert efficiency(machine, share, op, b, e["shape"]) == pytest.approx(effs[op])
+    assert predict_step(net, 6, 1, (1, 1), 1, machine)["seconds"] > 0
+
+
+def test_a_bad_config_is_exit_2_naming_it(tmp_path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(_tiny().replace("channels = 16", "channels = 0"))
+    res = _calibrate("--quick", "--config", str(cfg), timeout=60)
+    assert res.returncode == 2 and "bad.toml" in res.stderr and "channels" in res.stderr, res.stderr
+
+
+
+def _tiny() -> str:
+    """The demo's config on 40x40 images, 6 per step (its two stages' shapes, small)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "jobs" / "configs" / "demo.toml").read_text()
+    return text.replace("input = [32, 32, 1]", "input = [40, 40, 1]").replace("batch = 32 ", "batch = 6 ")

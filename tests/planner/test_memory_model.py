@@ -113,6 +113,65 @@ def test_efficiency_by_size_is_checked():
         validate_machine({**m, "efficiency_by_size": {}})
 
 
+def by_shape_machine():
+    m = by_size_machine()
+    m["efficiency_by_shape"] = [
+        {"shape": "filter 6x6 stride 2x2 block 2x2 K=2 C=3 N=8", "case": "a", "bytes": _ops3(1e6),
+         "by_threads": {"1": _ops3(0.25)}},
+        {"shape": "filter 6x6 stride 2x2 block 2x2 K=2 C=3 N=8", "case": "b", "bytes": _ops3(1e8),
+         "by_threads": {"1": _ops3(0.05)}}]
+    return validate_machine(m)
+
+
+def _ops3(v):
+    return {k: v for k in ("filter_forward", "filter_backward_data", "filter_backward_weights")}
+
+
+def test_an_ops_efficiency_is_taken_from_its_own_layer_shape_first():
+    """A pass's speed depends on its shape (a backward-weights pass reduces over the batch): entries of
+    the op's layer shape win over the cases by size, interpolated at its bytes among themselves."""
+    m = by_shape_machine()
+    one = rank_share(m, 2)
+    net = Network.from_description(NET)
+    shape = net.pass_shape(0, 8)
+    assert shape == "filter 6x6 stride 2x2 block 2x2 K=2 C=3 N=8"
+    assert efficiency(m, one, "filter_forward", 1e5, shape) == 0.25
+    assert efficiency(m, one, "filter_forward", 1e7, shape) == pytest.approx(0.15)  # halfway in log(bytes)
+    assert efficiency(m, one, "filter_forward", 1e7, net.pass_shape(0, 16)) == pytest.approx(0.8)  # by size
+    assert efficiency(m, one, "pool_forward", 1e7, net.pass_shape(1, 8)) == pytest.approx(0.8)
+    # the planner passes each layer pass its shape: the same step, slower where the shape says so
+    fast = predict_step(net, 8, 1, (1, 1), 1, by_size_machine())
+    slow = predict_step(net, 8, 1, (1, 1), 1, m)
+    t = lambda p, what: sum(o["seconds"] for o in p["ops"] if o["what"] == what and o["layer"] == 0)  # noqa: E731
+    assert t(slow, "filter_forward") > t(fast, "filter_forward") and t(slow, "filter_backward_weights") > t(
+        fast, "filter_backward_weights")
+    assert [o["seconds"] for o in slow["ops"] if o["what"].startswith("pool")] == \
+        [o["seconds"] for o in fast["ops"] if o["what"].startswith("pool")]
+
+
+def test_every_layer_kind_has_its_own_shape():
+    net = Network.from_description(NET)
+    shapes = [net.pass_shape(i, 4) for i in range(len(net.layers))]
+    assert [s.split()[0] for s in shapes] == ["filter", "pool", "lcn"] * 2
+    assert len(set(shapes)) == 6 and all(s.endswith(" N=4") for s in shapes)
+    assert net.pass_shape(1, 4) == "pool 2x2 stride 2x2 C=2 N=4" and net.pass_shape(3, 4).endswith("K=4 C=2 N=4")
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda e: e.update(shape="conv 3x3"), r"efficiency_by_shape\[0\]\.shape = 'conv 3x3'"),
+    (lambda e: e["bytes"].pop("filter_backward_weights"), r"efficiency_by_shape\[0\]\.bytes\.filter_backward_weights"),
+    (lambda e: e["by_threads"]["1"].update(filter_forward=-1), r"efficiency_by_shape\[0\]\.by_threads\.1\.filter_forward"),
+    (lambda e: e.pop("bytes"), r"efficiency_by_shape\[0\] must be an object"),
+])
+def test_efficiency_by_shape_is_checked(edit, match):
+    bad = copy.deepcopy(by_shape_machine())
+    edit(bad["efficiency_by_shape"][0])
+    with pytest.raises(MachineError, match=match):
+        validate_machine(bad)
+    with pytest.raises(MachineError, match="must be a list"):
+        validate_machine({**by_shape_machine(), "efficiency_by_shape": {}})
+
+
 def test_the_step_counts_the_update_the_norm_projection_and_the_reader():
     """The update's words are the optimizer's (every slot count of the registry has its count); the
     norm projection and the read of the next minibatch are ops of the step."""
