@@ -1,12 +1,15 @@
-"""One halo exchange per pool and LCN (``parallel.fuse``) against one per layer, measured in one run.
+"""One halo exchange per pool and LCN (``parallel.fuse``), and per frozen stage (``parallel.fuse_filter``),
+against one per layer, measured in one run.
 
-Two trainers of the same network on the same ranks, one exchanging before each layer and one with
-the pool and LCN of every stage below ``stage`` fused (those a step of ``stage`` runs forward),
-time training steps of ``stage`` in interleaved rounds (:func:`cotsdl.bench.scaling.timed_rounds`).
-Per setting: the median step and its interval, exchange time, halo messages a rank posts per step
-(counted at every call), and the planner's prediction; the paired ratio fused / per layer by round;
-and the planner's break-even: the latency per message between nodes (or within one) above which
-fusing would win on this machine's other numbers.
+Three trainers of the same network on the same ranks, one exchanging before each layer, one with
+the pool and LCN of every stage below ``stage`` fused (those a step of ``stage`` runs forward), and
+one with their filters fused too (one exchange of each frozen stage's input; its weight halo is
+fetched at the first step, inside the warm-up), time training steps of ``stage`` in interleaved
+rounds (:func:`cotsdl.bench.scaling.timed_rounds`).  Per setting: the median step and its interval,
+exchange time, halo messages a rank posts per step (counted at every call), and the planner's
+prediction; the paired ratios fused / per layer by round; and the planner's break-even: the latency
+per message between nodes (or within one) above which each fused form would win on this machine's
+other numbers.
 """
 from __future__ import annotations
 
@@ -27,12 +30,12 @@ from .scaling import timed_rounds
 
 def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, batch: int, stage: int,
         steps: int = 12, warmup: int = 2, rounds: int = 6, overlap: bool = False,
-        predict: Callable[[tuple[int, ...]], dict[str, Any]] | None = None, log=sys.stdout,
+        predict: Callable[[tuple[int, ...], tuple[int, ...]], dict[str, Any]] | None = None, log=sys.stdout,
         **kw: Any) -> dict[str, Any]:
     """Measure per-layer and fused exchange on every rank of ``comm`` (``batch``: per step).
 
-    ``predict(fuse)`` (optional, rank 0 only) returns the planner's prediction of a step of ``stage``
-    with those stages fused (:func:`~cotsdl.planner.predict_step`'s dict).  ``kw``: more
+    ``predict(fuse, fuse_filter)`` (optional, rank 0 only) returns the planner's prediction of a step of
+    ``stage`` with those stages fused (:func:`~cotsdl.planner.predict_step`'s dict).  ``kw``: more
     :class:`~cotsdl.train.GreedyTrainer` options.
     """
     if not 1 <= stage < len(network.stages):
@@ -42,55 +45,60 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
     say = (lambda *a: print(*a, file=log, flush=True)) if rank == 0 else (lambda *a: None)
     fused = tuple(range(stage))
     images = np.random.default_rng(0).standard_normal((2 * batch,) + network.input_shape).astype(np.float32)
-    trainers = {f: GreedyTrainer(network, InMemorySource(images), make_optimizer(), comm=comm, batch=batch,
-                                 overlap=overlap, fuse=f, log_every=0, log=io.StringIO(), **kw)
-                for f in ((), fused)}
-    dims = trainers[()].decomposition.grid.dims
+    settings = {"per layer": ((), ()), "fused": (fused, ()), "fused+filter": (fused, fused)}
+    trainers = {name: GreedyTrainer(network, InMemorySource(images), make_optimizer(), comm=comm, batch=batch,
+                                    overlap=overlap, fuse=f, fuse_filter=ff, log_every=0, log=io.StringIO(), **kw)
+                for name, (f, ff) in settings.items()}
+    dims = trainers["per layer"].decomposition.grid.dims
     say(f"cotsdl bench fuse: stage {stage} on grid {dims[0]}x{dims[1]} of {comm.Get_size()} rank(s) on "
         f"{describe_nodes(node_names(comm))}; overlap {'on' if overlap else 'off'}; stage(s) "
-        f"{', '.join(map(str, fused))} fused against per layer, {steps} steps each in {rounds} interleaved rounds")
+        f"{', '.join(map(str, fused))} fused (pool and LCN; and with the filter, frozen) against per layer, "
+        f"{steps} steps each in {rounds} interleaved rounds")
     res = timed_rounds(comm, trainers, stage, steps, warmup, max(1, min(rounds, steps)))
     rows = []
-    for f, name in (((), "per layer"), (fused, "fused")):
-        m = res[f]
+    for name, (f, ff) in settings.items():
+        m = res[name]
         lo, hi, cov = median_interval(m["round_s"])
-        pred = predict(f) if predict is not None and rank == 0 else None
-        row = {"setting": name, "fuse": list(f), "step_s": m["step_s"], "round_interval_s": [lo, hi],
-               "coverage": cov, "exchange_s": m["exchange_s"], "halo_messages": m["halo_messages"],
-               "predicted_s": None if pred is None else pred["seconds"],
+        pred = predict(f, ff) if predict is not None and rank == 0 else None
+        row = {"setting": name, "fuse": list(f), "fuse_filter": list(ff), "step_s": m["step_s"],
+               "round_interval_s": [lo, hi], "coverage": cov, "exchange_s": m["exchange_s"],
+               "halo_messages": m["halo_messages"], "predicted_s": None if pred is None else pred["seconds"],
                "predicted_exchange_s": None if pred is None else pred["exchange_s"], "loss": m["loss"]}
         rows.append(row)
-    ratios = [a / b for a, b in zip(res[fused]["round_s"], res[()]["round_s"])]
-    lo, hi, cov = median_interval(ratios)
     out = {"stage": stage, "grid": list(dims), "ranks": comm.Get_size(), "overlap": overlap, "fused": list(fused),
-           "rows": rows, "fused_vs_per_layer": {"median": float(np.median(ratios)), "interval": [lo, hi],
-                                                "coverage": cov, "rounds": len(ratios)}}
-    say(f"{'setting':>10} {'step ms':>9} {'[95% of rounds]':>17} {'exch ms':>8} {'msgs/step':>9} {'pred ms':>8} "
+           "rows": rows, "weight_halo_fetches": trainers["fused+filter"].plan.halo_fetches}
+    say(f"{'setting':>12} {'step ms':>9} {'[95% of rounds]':>17} {'exch ms':>8} {'msgs/step':>9} {'pred ms':>8} "
         f"{'pred/meas':>9}")
     for r in rows:
         pm = r["predicted_s"]
-        say(f"{r['setting']:>10} {r['step_s'] * 1e3:9.2f} [{r['round_interval_s'][0] * 1e3:6.2f}, "
+        say(f"{r['setting']:>12} {r['step_s'] * 1e3:9.2f} [{r['round_interval_s'][0] * 1e3:6.2f}, "
             f"{r['round_interval_s'][1] * 1e3:6.2f}] {r['exchange_s'] * 1e3:8.2f} {r['halo_messages']:9d} "
             + (f"{pm * 1e3:8.2f} {pm / r['step_s']:9.2f}" if pm else f"{'-':>8} {'-':>9}"))
-    f = out["fused_vs_per_layer"]
-    say(f"fused / per layer, paired by round: {f['median']:.3f} [{lo:.3f}, {hi:.3f}] ({cov:.0%} interval over "
-        f"{len(ratios)} rounds); the forward's results are the same bit for bit (losses {rows[0]['loss']:.6g} and "
-        f"{rows[1]['loss']:.6g})")
+    for name, key in (("fused", "fused_vs_per_layer"), ("fused+filter", "filter_vs_per_layer")):
+        ratios = [a / b for a, b in zip(res[name]["round_s"], res["per layer"]["round_s"])]
+        lo, hi, cov = median_interval(ratios)
+        out[key] = {"median": float(np.median(ratios)), "interval": [lo, hi], "coverage": cov, "rounds": len(ratios)}
+        say(f"{name} / per layer, paired by round: {out[key]['median']:.3f} [{lo:.3f}, {hi:.3f}] ({cov:.0%} interval "
+            f"over {len(ratios)} rounds)")
+    losses = ", ".join(f"{r['loss']:.6g}" for r in rows)
+    say(f"the forward's results are the same bit for bit (losses {losses}); "
+        f"the frozen filters' weight halo fetched {out['weight_halo_fetches']} time(s), in the warm-up")
     return out
 
 
 def break_even(predict: Callable[..., dict[str, Any]], machine: dict[str, Any], fused: tuple[int, ...],
-               across: bool) -> dict[str, Any]:
+               across: bool, filters: tuple[int, ...] = ()) -> dict[str, Any]:
     """The latency per message (on ``node_link`` with ``across``, else ``link``) at which the planner
-    predicts the fused step as fast as the per-layer one, the machine's other numbers kept; None where
-    fusing saves no message (then no latency makes it win).  ``predict(machine, fuse)`` -> predict_step's dict."""
+    predicts the fused step (``filters``: with those frozen filters fused too) as fast as the per-layer
+    one, the machine's other numbers kept; None where fusing saves no message (then no latency makes
+    it win).  ``predict(machine, fuse, fuse_filter)`` -> predict_step's dict."""
     key = "node_link" if across and machine.get("node_link") else "link"
     alpha0 = machine[key]["alpha_s"]
 
     def gap(alpha: float) -> float:  # fused minus per-layer step, predicted with this latency
         m = copy.deepcopy(machine)
         m[key]["alpha_s"] = alpha
-        return predict(m, fused)["seconds"] - predict(m, ())["seconds"]
+        return predict(m, fused, filters)["seconds"] - predict(m, (), ())["seconds"]
 
     if gap(alpha0) <= 0:
         return {"link": key, "alpha_s": alpha0, "break_even_alpha_s": alpha0, "wins_now": True}

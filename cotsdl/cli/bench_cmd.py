@@ -248,25 +248,26 @@ def _fuse(args) -> int:
     setup_backend(spec, comm)
     per_node, together = placement(rank_nodes(comm), comm.Get_size(), 1)  # (collective)
 
-    def predict_on(m, fused):  # the planner's step of ``stage`` on machine ``m`` with ``fused`` stages
+    def predict_on(m, fused, filters=()):  # the planner's step of ``stage`` on ``m``, ``fused`` stages (``filters``)
         from .. import planner  # noqa: PLC0415
 
         return planner.predict_step(network, spec.global_batch, comm.Get_size(), None, 1, m, stage=stage,
                                     dtype=tc.dtype.name, optimizer_slots=tc.optimizer_slots,
                                     ranks_per_node=per_node, tied=tc.tied, overlap=args.overlap == "on",
-                                    fuse=fused)
+                                    fuse=fused, fuse_filter=filters)
     predict = None if machine is None else functools.partial(predict_on, machine)
     res = fuse.run(comm, network, tc.make_optimizer, batch=spec.global_batch, stage=stage, steps=args.steps,
                    warmup=args.warmup, rounds=args.rounds, overlap=args.overlap == "on", predict=predict,
                    lam=tc.lam, tied=tc.tied, seed=tc.seed, dtype=tc.dtype)
     if machine is not None and comm.Get_rank() == 0:
-        be = fuse.break_even(predict_on, machine, tuple(range(stage)), across=not together)
-        res["break_even"] = be
-        alpha = be["break_even_alpha_s"]
-        print(f"planner on {machine['name']}: fusing would win above {alpha * 1e6:.1f} us per message on its "
-              f"{be['link']} (now {be['alpha_s'] * 1e6:.1f} us)" if alpha and not be["wins_now"] else
-              f"planner on {machine['name']}: fusing wins already" if be["wins_now"] else
-              f"planner on {machine['name']}: fusing saves no message here; no latency makes it win")
+        below = tuple(range(stage))
+        for key, filters, what in (("break_even", (), "fusing"), ("break_even_filter", below, "fusing the filter too")):
+            be = res[key] = fuse.break_even(predict_on, machine, below, across=not together, filters=filters)
+            alpha = be["break_even_alpha_s"]
+            print(f"planner on {machine['name']}: {what} would win above {alpha * 1e6:.1f} us per message on its "
+                  f"{be['link']} (now {be['alpha_s'] * 1e6:.1f} us)" if alpha and not be["wins_now"] else
+                  f"planner on {machine['name']}: {what} wins already" if be["wins_now"] else
+                  f"planner on {machine['name']}: {what} saves no message here; no latency makes it win")
     res["config"], res["machine"] = str(args.config), args.machine
     return _written(args, res, comm)
 

@@ -172,6 +172,11 @@ SCHEMA: dict[str, Any] = {
                              "stages whose pool and LCN share one halo exchange (the pooled border computed "
                              "twice; the same results): \"auto\": where the run planner predicts a gain "
                              "(cotsdl.planner.fuse), \"on\", \"off\" or a list of stages"),
+                 "fuse_filter": Key(either(choice("auto", "on", "off"), stage_list), "auto",
+                                    "fused stages whose filter joins their pool and LCN while frozen (one exchange "
+                                    "of the stage's input, the neighbours' weights fetched once; the same results): "
+                                    "\"auto\": where the run planner predicts a gain (cotsdl.planner.fuse), \"on\": "
+                                    "every fused stage, \"off\" or a list of fused stages"),
                  "reduction": Key(choice(*REDUCTIONS), "auto", "how replicas sum their gradients: " + "; ".join(
                      f"{k}: {v}" for k, v in REDUCTIONS.items()))},
     "train": {"steps": Key(per_stage(integer(0), "an integer >= 0"), None, "steps per stage (or epochs)"),

@@ -38,6 +38,9 @@ def add_parser(sub) -> None:
     sp.add_argument("--ranks-per-node", type=int, help="ranks per node (default: one per GPU, or per core)")
     sp.add_argument("--fuse", choices=["on", "off", "auto"],
                     help="one halo exchange for each stage's pool and LCN (default: the config's parallel.fuse)")
+    sp.add_argument("--fuse-filter", choices=["on", "off", "auto"],
+                    help="a frozen fused stage's filter on the same exchange: one exchange of the stage's input, the "
+                         "neighbours' weights fetched once (default: the config's parallel.fuse_filter)")
     sp.add_argument("--overlap", choices=["on", "off", "auto"],
                     help="halo/compute overlap; auto: on where the model predicts a gain on the machine "
                          "(default: the config's parallel.overlap, auto unless set)")
@@ -138,17 +141,25 @@ def _overlap(args, spec, net, batch, ranks, grid, reps, machine, stages, kw) -> 
 
 
 def _fuse(args, spec, net, batch, ranks, grid, reps, machine, kw) -> dict[str, Any]:
-    """The stages whose pool and LCN share one exchange: the config's (or --fuse), or what "auto" chooses."""
-    from ..planner.fuse import choose_fuse, resolve  # noqa: PLC0415
+    """The stages whose pool and LCN share one exchange, and those whose frozen filter joins them: the
+    config's (or --fuse, --fuse-filter), or what "auto" chooses."""
+    from ..planner.fuse import choose_fuse, resolve, resolve_filter  # noqa: PLC0415
 
     setting = args.fuse or spec.parallel.fuse
+    fsetting = getattr(args, "fuse_filter", None) or spec.parallel.fuse_filter
     fixed = resolve(setting, len(net.stages))
-    if fixed is not None:
-        why = f"--fuse {args.fuse}" if args.fuse else "set in the config"
-        return {"setting": setting, "stages": list(fixed), "reason": why}
-    choice = choose_fuse(net, batch, ranks, grid, reps, machine, **kw)
-    return {"setting": "auto", "stages": list(choice.stages), "reason": choice.describe(),
-            "seconds": [list(s) if s else None for s in choice.seconds]}
+    filters = resolve_filter(fsetting, len(net.stages), fixed)
+    auto = "auto" if fixed is None or filters is None or isinstance(filters, str) else "set"
+    if auto == "set":
+        why = ", ".join(f"{flag} {given}" if given else f"{key} set in the config" for flag, given, key in (
+            ("--fuse", args.fuse, "parallel.fuse"), ("--fuse-filter", getattr(args, "fuse_filter", None),
+                                                     "parallel.fuse_filter")))
+        return {"setting": setting, "filter_setting": fsetting, "stages": list(fixed), "filters": list(filters),
+                "reason": why}
+    choice = choose_fuse(net, batch, ranks, grid, reps, machine, fused=fixed, filters=filters, **kw)
+    return {"setting": "auto", "filter_setting": fsetting, "stages": list(choice.stages),
+            "filters": list(choice.filters), "reason": choice.describe(),
+            "seconds": [list(s) if s else None for s in choice.seconds], "predicted": list(choice.predicted)}
 
 
 def _overlap_text(ov: dict[str, Any]) -> str:
@@ -181,7 +192,7 @@ def _single(args, machine) -> dict[str, Any]:
     kw["overlap"] = ov["on"]
     fu = _fuse(args, spec, net, batch, ranks, grid, reps, machine, kw)
     preds = [predict_step(net, batch, ranks, grid, reps, machine, stage=k, reduction=spec.parallel.reduction,
-                          fuse=fu["stages"], **kw) for k in stages]
+                          fuse=fu["stages"], fuse_filter=fu["filters"], **kw) for k in stages]
     p0 = preds[0]
     print(f"plan: {path}: {net!r}")
     print(f"  {ranks} rank(s) = {reps} replica(s) x grid {p0['grid'][0]}x{p0['grid'][1]}; batch {batch} per replica; "
@@ -192,8 +203,9 @@ def _single(args, machine) -> dict[str, Any]:
     if warning:
         print(f"  {warning}")
     print(f"  overlap {_overlap_text(ov)}")
-    print(f"  pool and LCN fused (one exchange) in stage(s) {', '.join(map(str, fu['stages'])) or 'none'} "
-          f"({'auto: ' if fu['setting'] == 'auto' else ''}{fu['reason']})")
+    print(f"  pool and LCN fused (one exchange) in stage(s) {', '.join(map(str, fu['stages'])) or 'none'}; "
+          f"with the filter too while frozen (one exchange of the stage's input) in stage(s) "
+          f"{', '.join(map(str, fu['filters'])) or 'none'} ({'auto: ' if fu['setting'] == 'auto' else ''}{fu['reason']})")
     print(f"\n  {'layer':<9}{'out shape (H,W,C)':>20}{'params':>15}{'params/rank':>14}{'weights MiB/rank':>18}")
     for lay in p0["layers"]:
         print(f"  {lay['index']:>2} {lay['kind'] + str(lay['stage']):<6}{str(tuple(lay['out_shape'][:3])):>20}"
@@ -212,7 +224,11 @@ def _single(args, machine) -> dict[str, Any]:
                   f"{_mib(m['activations']):>10}{_mib(m['optimizer']):>10}{_mib(m['buffers']):>9}"
                   f"{lay['halo_bytes_per_rank_max'] / 2**20:>10.2f}{lay['halo_messages_per_rank_max']:>6}"
                   f"{lay['compute_s'] * 1e3:>12.2f}{lay['exchange_s'] * 1e3:>13.2f}")
-        mem = p["memory"]
+        mem, wh = p["memory"], p["weight_halo"]
+        if wh["bytes_kept"]:
+            print(f"  frozen stage(s) {', '.join(map(str, p['fuse_filter']))} with the filter fused: weight halo "
+                  f"{_mib(wh['bytes_kept'])} MiB kept (in weights), fetched once a stage ({_mib(wh['bytes_fetched'])} "
+                  f"MiB in {wh['messages_fetched']} message(s), not per step)")
         print(f"  step {p['seconds'] * 1e3:.1f} ms = compute {p['compute_s'] * 1e3:.1f} + exchange "
               f"{p['exchange_s'] * 1e3:.1f} + allreduce {p['reduce_s'] * 1e3:.1f}; {p['images_per_s']:.1f} images/s; "
               f"{p['flops_per_rank_max'] / 1e9:.2f} GFLOP and {p['halo_bytes_per_rank_max'] / 2**20:.2f} MiB of halo "

@@ -46,6 +46,8 @@ class ParallelSpec:
     reduction: str = "auto"
     #: ``parallel.fuse``: "auto", "on", "off" or stage indices (:mod:`cotsdl.planner.fuse`)
     fuse: Any = "auto"
+    #: ``parallel.fuse_filter``: "auto", "on", "off" or stage indices (fused ones; :mod:`cotsdl.planner.fuse`)
+    fuse_filter: Any = "auto"
 
     def error(self, ranks: int, source: str) -> str | None:
         """Why this layout does not fit ``ranks`` ranks (None: it does)."""
@@ -137,7 +139,13 @@ def from_config(cfg: dict[str, Any], source: str) -> RunSpec:
     except ValueError as e:
         raise cfgmod.ConfigError(f"{source}: train.optimizer / train.schedule: {e}") from None
     parallel = ParallelSpec(pc["replicas"], None if pc["grid"] == "auto" else tuple(pc["grid"]), pc["overlap"],
-                            pc["reduction"], pc["fuse"])
+                            pc["reduction"], pc["fuse"], pc["fuse_filter"])
+    try:  # the stages of both, and fuse_filter's within fuse's, checked now (the trainer resolves them again)
+        from ..planner.fuse import resolve, resolve_filter  # noqa: PLC0415
+
+        resolve_filter(pc["fuse_filter"], len(network.stages), resolve(pc["fuse"], len(network.stages)))
+    except ValueError as e:
+        raise cfgmod.ConfigError(f"{source}: {e}") from None
     return RunSpec(str(source), cfg, network, data, train, parallel, Path(rc["folder"]), rc["backend"], rc["threads"])
 
 

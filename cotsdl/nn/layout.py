@@ -76,14 +76,46 @@ def fused_pool(pool: LayerBoxes, lcn: LayerBoxes) -> LayerBoxes:
                       pool.layer.rf.input_box(out, pool.in_shape), out, sites)
 
 
-def fuse_rows(rows: list[LayerBoxes], stages: Sequence[int], roles: Sequence[tuple[int, str]]) -> list[LayerBoxes]:
+def fused_filter(filt: LayerBoxes, pool: LayerBoxes) -> LayerBoxes:
+    """The filter of a frozen stage whose filter, pool and LCN share one exchange (``fuse_filter``): the
+    filter's sites grown (or moved) to every site whose output the grown pool reads.
+
+    ``pool`` is the stage's pool grown by :func:`fused_pool`.  A rank then receives the stage's input
+    once, on the window of those sites, and computes their filter outputs itself, with its
+    neighbours' weights of the sites it does not own (the weight halo, fetched once while the
+    weights stay fixed): the pool and LCN read their windows without an exchange.  The sites need not
+    contain the rank's own: a layer's sites are split over the grid independently of the next
+    layer's.  The result has the filter's index, layer, shapes and owned input, and the grown sites,
+    output box and input window (all empty where the pool reads nothing).
+    """
+    if pool.index != filt.index + 1 or filt.layer.kind != "filter" or pool.layer.kind != "pool":
+        raise ValueError(f"layers {filt.index} and {pool.index} are not a stage's filter and pool")
+    if pool.window.is_empty:  # a rank without pooled pixels computes no filter output either
+        return LayerBoxes(filt.index, filt.layer, filt.in_shape, filt.out_shape, filt.src_owned,
+                          Box.empty(4), Box.empty(4), Box.empty(2))
+    win, block = pool.window, filt.layer.unit_block
+    sites = Box(tuple(win.lo[a] // block[a] for a in (0, 1)), tuple(-(-win.hi[a] // block[a]) for a in (0, 1)))
+    out = site_output_box(filt.layer, sites, filt.out_shape)
+    if not out.contains(win):
+        raise AssertionError(f"layer {filt.index}: the sites {sites} write {out}, not the pool's window {win}")
+    return LayerBoxes(filt.index, filt.layer, filt.in_shape, filt.out_shape, filt.src_owned,
+                      filt.layer.rf.input_box(out, filt.in_shape), out, sites)
+
+
+def fuse_rows(rows: list[LayerBoxes], stages: Sequence[int], roles: Sequence[tuple[int, str]],
+              filters: Sequence[int] = ()) -> list[LayerBoxes]:
     """``rows`` (one rank's :func:`layout`) with the pool of every stage in ``stages`` grown by
-    :func:`fused_pool`; the LCN rows stay (their window is now filled without an exchange)."""
-    fused = set(int(s) for s in stages)
+    :func:`fused_pool`, and the filter of every stage in ``filters`` (a subset) by :func:`fused_filter`;
+    the LCN rows stay (their window is now filled without an exchange)."""
+    fused, ff = set(int(s) for s in stages), set(int(s) for s in filters)
+    if not ff <= fused:
+        raise ValueError(f"stages {sorted(ff - fused)} fuse their filter but not their pool and LCN")
     out = list(rows)
     for i, (stage, kind) in enumerate(roles):
         if kind == "pool" and stage in fused:
             out[i] = fused_pool(rows[i], rows[i + 1])
+            if stage in ff:
+                out[i - 1] = fused_filter(rows[i - 1], out[i])
     return out
 
 

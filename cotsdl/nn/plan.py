@@ -27,7 +27,7 @@ from ..array.distarray import DistArray
 from ..array.exchange import ExchangePlan
 from ..array.grid import ProcessGrid
 from .layers import Context
-from .layout import LayerBoxes, fused_pool, interior_pieces, layout, split_sites, site_output_box
+from .layout import LayerBoxes, fused_filter, fused_pool, interior_pieces, layout, split_sites, site_output_box
 from .network import Network, init_weights
 
 
@@ -52,6 +52,8 @@ class Tape:
     first: int = 0
     #: the pools computed fused with their LCN (their input and output are the grown boxes)
     fused: frozenset = frozenset()
+    #: the filters computed fused with their pool and LCN, forward only (``forward(frozen=...)``)
+    frozen: frozenset = frozenset()
 
     @property
     def layers(self) -> range:
@@ -66,15 +68,25 @@ class NetworkPlan:
     travel, then the border strips; a filter's backward computes its weight gradient
     while the input gradient travels back to its owners.  Results are the same bit for
     bit either way (every unit is computed by the same per-unit arithmetic).
+
+    ``fuse``: stages whose pool and LCN share one exchange (the pool computes the LCN's halo itself).
+    ``fuse_filter`` (a subset of ``fuse``): stages whose filter joins them in a forward-only pass of
+    fixed weights (``forward(frozen=...)``, the frozen stages below the one a step trains): the stage's
+    input is exchanged once and the filter computes every output its grown pool reads, with a halo of
+    its neighbours' weights fetched once per ``frozen`` token.
     """
 
     def __init__(self, network: Network, grid: ProcessGrid, batch: int, dtype: Any = np.float32,
-                 overlap: bool = True, fuse: Sequence[int] = ()):
+                 overlap: bool = True, fuse: Sequence[int] = (), fuse_filter: Sequence[int] = ()):
         if not isinstance(batch, (int, np.integer)) or batch < 1:
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
         self.network, self.grid, self.batch, self.dtype = network, grid, int(batch), np.dtype(dtype)
         self.overlap = bool(overlap)
         self.fuse = check_fuse(fuse, len(network.stages))
+        self.fuse_filter = check_fuse(fuse_filter, len(network.stages), "fuse_filter")
+        if not set(self.fuse_filter) <= set(self.fuse):
+            raise ValueError(f"fuse_filter: stage {sorted(set(self.fuse_filter) - set(self.fuse))[0]} fuses its filter "
+                             f"but not its pool and LCN (fuse {list(self.fuse)})")
         self._travelling: list[Any] = []  # exchanges whose messages travel while ``_join`` runs other work
         self.input_owned, boxes = layout(network, grid.dims, grid.coords, self.batch)
         self.layers: list[LayerPlan] = [self._layer_plan(lb) for lb in boxes]
@@ -82,13 +94,25 @@ class NetworkPlan:
         self.fused: dict[int, LayerPlan] = {
             p: self._layer_plan(fused_pool(boxes[p], boxes[p + 1]), key=("fused", p))
             for p in (network.layer_index(k, "pool") for k in self.fuse)}
+        #: filter index -> its frozen fused twin (sites grown to what the grown pool reads), for ``fuse_filter``
+        self.frozen: dict[int, LayerPlan] = {
+            f: self._layer_plan(fused_filter(boxes[f], self.fused[f + 1]), key=("frozen", f))
+            for f in (network.layer_index(k, "filter") for k in self.fuse_filter)}
+        #: filter index -> the exchange of its weight halo (its own sites' weights -> the grown sites')
+        self.weight_exchanges: dict[int, ExchangePlan] = {
+            f: ExchangePlan(grid.comm, self.weight_box(f)[0], self.weight_box(f)[1], self.weight_box(f, lp.sites)[1],
+                            self.dtype) for f, lp in self.frozen.items()}
+        self._halos: dict[int, tuple[Any, Any, Any]] = {}  # filter -> (frozen token, its weights, their halo)
+        #: weight halos fetched so far (each a collective exchange; once per frozen token and weights)
+        self.halo_fetches = 0
         self.output_owned = boxes[-1].out
         self.output_shape = boxes[-1].out_shape
         # Each layer's scratch (gathers, per-chunk products) kept from step to step, and inside
         # step() its results and windows too: without them a script pays page faults on them
         # every step unless the process's allocator was tuned.
         self.outputs = ops.Outputs()
-        self.workspaces = {lp.key: ops.Workspace(self.outputs) for lp in self.layers + list(self.fused.values())}
+        self.workspaces = {lp.key: ops.Workspace(self.outputs)
+                           for lp in self.layers + list(self.fused.values()) + list(self.frozen.values())}
         self._buffers: dict[Any, Any] = {}
 
     def _layer_plan(self, lb: LayerBoxes, key: Any = None) -> LayerPlan:
@@ -102,8 +126,10 @@ class NetworkPlan:
                          key=lb.index if key is None else key)
 
     def exchanges(self) -> list[ExchangePlan]:
-        """Every exchange plan of the network: each layer's, and each fused pool's."""
-        return [lp.exchange for lp in self.layers] + [lp.exchange for lp in self.fused.values()]
+        """Every exchange plan of the network: each layer's, each fused pool's and frozen filter's, and
+        each weight halo's."""
+        return ([lp.exchange for lp in self.layers] + [lp.exchange for lp in self.fused.values()]
+                + [lp.exchange for lp in self.frozen.values()] + list(self.weight_exchanges.values()))
 
     # -- parameters -----------------------------------------------------------
     def init_params(self, seed: int = 0, norms: Sequence[float | None] | None = None) -> dict[int, np.ndarray]:
@@ -119,11 +145,34 @@ class NetworkPlan:
         return {lp.index: init_weights(lp.layer, lp.in_shape, lp.sites, seed, lp.index, self.dtype, norm)
                 for lp, norm in zip(filters, norms)}
 
-    def weight_box(self, index: int) -> tuple[tuple[int, ...], Box]:
-        """Global shape and this rank's box of the weights of filter layer ``index`` (for gather)."""
+    def weight_box(self, index: int, sites: Box | None = None) -> tuple[tuple[int, ...], Box]:
+        """Global shape and this rank's box of the weights of filter layer ``index`` (for gather), or
+        the box of the weights of ``sites`` (2-D)."""
         lp = self.layers[index]
         shape = lp.layer.weight_shape(lp.in_shape)
-        return shape, Box(lp.sites.lo + (0,) * 4, lp.sites.hi + shape[2:])
+        sites = lp.sites if sites is None else sites
+        if sites.is_empty:
+            return shape, Box.empty(len(shape))
+        return shape, Box(sites.lo + (0,) * 4, sites.hi + shape[2:])
+
+    def weight_halo(self, index: int, params: dict[int, Any], frozen: Any) -> Any:
+        """The weights of frozen filter ``index``'s grown sites (:attr:`frozen`), fetched from their
+        owners the first time and kept: fetched again (collectively) when ``frozen`` differs from the
+        token of the last fetch or ``params[index]`` is another array (e.g. a resumed run's)."""
+        w = params[index]
+        hit = self._halos.get(index)
+        if hit is not None and hit[0] == frozen and hit[1] is w:
+            return hit[2]
+        self._halos.pop(index, None)  # the old halo's memory goes before the new one's is taken
+        shape, own = self.weight_box(index)
+        win = self.weight_box(index, self.frozen[index].sites)[1]
+        xp = backend.array_module(w)
+        comm = self.grid.comm
+        dst = DistArray(comm, shape, win, data=xp.empty(win.shape, self.dtype))
+        self.weight_exchanges[index].exchange(DistArray(comm, shape, own, own, data=w), dst, validate=False)
+        self._halos[index] = (frozen, w, dst.data)
+        self.halo_fetches += 1
+        return dst.data
 
     # -- arrays ---------------------------------------------------------------
     def input_array(self, data: np.ndarray | None = None) -> DistArray:
@@ -203,20 +252,33 @@ class NetworkPlan:
 
     # -- passes ---------------------------------------------------------------
     def forward(self, x: DistArray, params: dict[int, np.ndarray], upto: int | None = None, *,
-                start: int = 0) -> tuple[DistArray, Tape]:
+                start: int = 0, frozen: Any = None) -> tuple[DistArray, Tape]:
         """Output of layers ``[start, upto)`` (all by default) on this rank's owned box, and the tape.
 
         ``x`` is in the owned layout of layer ``start``'s input (the images for ``start`` 0).
+        ``frozen`` (not None): a forward-only pass of fixed weights, whose tape no backward takes;
+        the whole stages of ``fuse_filter`` in the run then exchange only their input
+        (:meth:`weight_halo`).  The token names the weights' values: pass the same one (an equal
+        value, on every rank) while they stay as they are, and a new one once they may have changed
+        in place.
         """
         run = self._layers(start, upto)
         tape = Tape([], [], [], first=start)
         stop = start + len(run)
         fused = frozenset(p for p in self.fused if start <= p and p + 1 < stop)  # the run holds pool and LCN
         tape.fused = fused
+        if frozen is not None:  # the run holds the whole stage
+            tape.frozen = frozenset(f for f in self.frozen if start <= f and f + 1 in fused)
         cur = x
         for lp in run:
             this = self.fused[lp.index] if lp.index in fused else lp  # a fused pool computes on its grown boxes
-            if lp.index - 1 in fused:  # the LCN of a fused pool: its window is the pool's grown output
+            if lp.index in tape.frozen:  # a frozen fused filter: the grown sites, with the weight halo
+                this = self.frozen[lp.index]
+                xwin, y, cache = self._forward_layer(this, cur, {lp.index: self.weight_halo(lp.index, params, frozen)})
+            elif lp.index - 1 in tape.frozen:  # its pool: its grown window lies in the filter's grown output
+                xwin = _crop(tape.outputs[-1], self.frozen[lp.index - 1].out, this.window)
+                y, cache = lp.layer.forward_local(xwin, self.context(this, params))
+            elif lp.index - 1 in fused:  # the LCN of a fused pool: its window is the pool's grown output
                 xwin = tape.outputs[-1]
                 y, cache = lp.layer.forward_local(xwin, self.context(lp, params))
             else:
@@ -227,7 +289,8 @@ class NetworkPlan:
             tape.inputs.append(xwin)
             tape.outputs.append(y)
             tape.caches.append(cache)
-            cur = DistArray(x.comm, lp.out_shape, lp.out, lp.out, data=y) if lp.index not in fused else None
+            grown = lp.index in fused or lp.index in tape.frozen
+            cur = None if grown else DistArray(x.comm, lp.out_shape, lp.out, lp.out, data=y)
         return cur, tape
 
     def _forward_layer(self, lp: LayerPlan, x: DistArray, params: dict[int, Any] | None) -> tuple[Any, Any, Any]:
@@ -281,6 +344,9 @@ class NetworkPlan:
         """
         if accumulate and not grads_into:
             raise ValueError("accumulate=True needs grads_into (the arrays to add the gradients to)")
+        if tape.frozen:
+            raise ValueError(f"the tape is of a frozen forward (filters {sorted(tape.frozen)} fused with their pool "
+                             "and LCN): it has no backward; run the forward without frozen=")
         if not weight_grads and (grads_into or also or not input_grad):
             raise ValueError("weight_grads=False computes the input gradient only: it takes no grads_into or also, "
                              "and needs input_grad=True")
@@ -356,11 +422,23 @@ class NetworkPlan:
             rows.append(f"  {lp.index:2d} {lp.layer.kind:6s} in {lp.in_shape} -> out {lp.out_shape}; owned {lp.out}; "
                         f"window {lp.window}; {c['forward'].flops / 1e9:.3f} GFLOP fwd (whole layer); "
                         f"halo in {lp.exchange.bytes_received} B")
+            if lp.index in self.frozen:
+                fp = self.frozen[lp.index]
+                rows.append(f"     frozen, fused with its pool and LCN (one exchange): filters {fp.out} from window "
+                            f"{fp.window}; halo in {fp.exchange.bytes_received} B; weight halo in "
+                            f"{self.weight_exchanges[lp.index].bytes_received} B once")
             if lp.index in self.fused:
                 fp = self.fused[lp.index]
                 rows.append(f"     fused with its LCN (one exchange): pools {fp.out} from window {fp.window}; "
                             f"halo in {fp.exchange.bytes_received} B, the LCN's none")
         return "\n".join(rows)
+
+
+def _crop(a: Any, box: Box, part: Box) -> Any:
+    """The part ``part`` of ``a`` (laid out on ``box``), C-contiguous (a copy only where it is a strict part)."""
+    if part == box:
+        return a
+    return backend.array_module(a).ascontiguousarray(a[part.slices_in(box)])
 
 
 def check_fuse(fuse: Sequence[int], stages: int, name: str = "fuse") -> tuple[int, ...]:

@@ -79,8 +79,15 @@ class LayerCounts:
     #: per rank, {peer: (bytes sent to it, bytes received from it, messages sent, messages received)} of one
     #: forward exchange (peers other than the rank): which cross nodes depends on the ranks per node
     peers: list = field(default_factory=list)
-    #: False for the LCN of a fused stage: its window is its pool's output, no exchange fills it
+    #: False for the LCN of a fused stage: its window is its pool's output, no exchange fills it (nor the
+    #: pool's of a frozen stage whose filter is fused too: its window is the filter's grown output)
     exchanged: bool = True
+    #: a frozen fused filter (``fuse_filter``): per rank the weights of its grown sites, the weight halo
+    #: the plan keeps (elements), and the bytes and messages received when it is fetched (once per stage,
+    #: not per step); zeros elsewhere
+    halo_params: np.ndarray | None = None
+    halo_received: np.ndarray | None = None
+    halo_msgs_received: np.ndarray | None = None
     name: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -88,18 +95,24 @@ class LayerCounts:
 
 
 def layer_counts(network: Network, batch: int, dims: Sequence[int], itemsize: int = 4,
-                 fuse: Sequence[int] = ()) -> list[LayerCounts]:
+                 fuse: Sequence[int] = (), fuse_filter: Sequence[int] = ()) -> list[LayerCounts]:
     """Every layer's counts on every rank of a ``dims`` grid for minibatches of ``batch`` images.
 
     FLOPs of a rank's pass are the whole layer's times the share of units it owns (FLOPs
     are linear in units); its bytes are the layer's cost evaluated on the rank's input
     window and owned output (what the local pass reads and writes).  ``fuse``: stages whose pool
     and LCN share one exchange (``NetworkPlan(fuse=...)``): their pool counts the grown boxes
-    (its one exchange, the pooled border it computes as well), their LCN no exchange.
+    (its one exchange, the pooled border it computes as well), their LCN no exchange.  ``fuse_filter``
+    (a subset): stages whose filter joins them, a frozen stage's forward (``NetworkPlan(fuse_filter=...)``):
+    their filter counts the grown sites (its one exchange, the outputs it computes as well, the weight
+    halo), their pool no exchange.
     """
     coords = list(grid_coords(tuple(int(d) for d in dims)))
-    rows = [fuse_rows(layout(network, dims, c, batch)[1], fuse, network.roles) for c in coords]
+    plain = [layout(network, dims, c, batch)[1] for c in coords]
+    rows = [fuse_rows(r, fuse, network.roles, fuse_filter) for r in plain]
     unexchanged = {network.layer_index(k, "lcn") for k in fuse}  # their window is their pool's output
+    unexchanged |= {network.layer_index(k, "pool") for k in fuse_filter}  # theirs the filter's grown output
+    grown = {network.layer_index(k, "filter") for k in fuse_filter}
     G = len(coords)
     out = []
     for li, layer in enumerate(network.layers):
@@ -134,14 +147,14 @@ def layer_counts(network: Network, batch: int, dims: Sequence[int], itemsize: in
                 inner, rest = split_sites(layer, lb.in_shape, lb.sites, owned[r] & windows[r])
                 # the calls beyond one: the border strips, and the interior's pieces after the first
                 strips[r] = 0 if inner.is_empty else len(rest) + len(interior_pieces(inner)) - 1
+            if wshape is not None:  # the rank's own sites' weights (a grown filter's are in its halo)
+                prank[r] = plain[r][li].sites.size * math.prod(wshape[2:])
             if lb.out.is_empty:
                 continue
             share = lb.sites.size / units  # (a fused pool's grown sites: the border it computes twice)
             mine = layer.cost(lb.window.shape, itemsize)
             for p, c in whole.items():
                 passes[p][0][r], passes[p][1][r] = c.flops * share, mine[p].bytes
-            if wshape is not None:
-                prank[r] = lb.sites.size * math.prod(wshape[2:])
             if gpu_by_sites:
                 (SH, SW), R, N = lb.sites.shape, math.prod(wshape[3:]), first.in_shape[3]
                 scratch[r] = sites_rows(SH, SW, R, N, itemsize) * SW * R * N * itemsize
@@ -149,8 +162,23 @@ def layer_counts(network: Network, batch: int, dims: Sequence[int], itemsize: in
                                math.prod(wshape) if wshape else 0, prank, passes,
                                np.array([b.size for b in owned], float), np.array([b.size for b in windows], float),
                                np.array([r[li].out.size for r in rows], float), sent, recv, local, ms, mr, strips,
-                               copied, scratch, peers, li not in unexchanged))
+                               copied, scratch, peers, li not in unexchanged,
+                               *(_weight_halo([r[li].sites for r in plain], [r[li].sites for r in rows], wshape,
+                                              itemsize) if li in grown else (arr(), arr(), arr()))))
     return out
+
+
+def _weight_halo(own: list, sites: list, wshape: Sequence[int], itemsize: int) -> tuple[np.ndarray, ...]:
+    """(elements kept, bytes received, messages received) per rank of a frozen fused filter's weight halo:
+    the weights of its grown ``sites`` from the owners of ``own`` sites (2-D boxes per rank)."""
+    per_site = math.prod(wshape[2:])
+    kept = np.array([s.size * per_site for s in sites], float)
+    recv, msgs = np.zeros(len(own)), np.zeros(len(own))
+    for r in range(len(own)):
+        got = [t for t in transfers(r, own, sites)[1] if t.peer != r]
+        recv[r] = sum(t.box.size for t in got) * per_site * itemsize
+        msgs[r] = len(got)
+    return kept, recv, msgs
 
 
 @dataclass
@@ -279,7 +307,8 @@ def memory(network: Network, counts: list[LayerCounts], stage: int, itemsize: in
     """Bytes per rank (arrays over ranks) at the peak of training ``stage``, by category and by layer.
 
     What a device holds (:data:`DEVICE_CATEGORIES`; a CPU rank holds them in its memory):
-    Weights: every filter layer's block (twice untied).  Gradients: the stage's gradient block
+    Weights: every filter layer's block (twice untied), and the weight halo of every frozen stage
+    whose filter is fused (``fuse_filter``: its grown sites' encoder weights, kept while it is frozen).  Gradients: the stage's gradient block
     (tied: one, both pairs' gradients summed in one pass; untied: one each).  Optimizer: its
     slots for the stage and the two work arrays its update runs in (``train.optim``: kept from
     step to step; momentum's one and a clipped gradient).  Activations: what
@@ -306,6 +335,8 @@ def memory(network: Network, counts: list[LayerCounts], stage: int, itemsize: in
     by_layer = {c.index: {k: np.zeros(G) for k in cats} for c in counts}
     for c in counts:
         by_layer[c.index]["weights"] += c.params_rank * copies * itemsize
+        if c.halo_params is not None and c.index < f:  # a frozen fused filter's weight halo (the encoder's)
+            by_layer[c.index]["weights"] += c.halo_params * itemsize
     w = counts[f].params_rank
     by_layer[f]["gradients"] += w * copies * itemsize
     by_layer[f]["optimizer"] += w * (optimizer_slots + UPDATE_WORK_ARRAYS) * copies * itemsize

@@ -42,15 +42,16 @@ from .reduction import choose as choose_reduction
 _COUNTS_CACHE: dict[tuple, list] = {}
 
 
-def counts_for(network: Network, batch: int, dims: Sequence[int], itemsize: int, fuse: Sequence[int] = ()):
-    """:func:`layer_counts`, remembered per (network, batch, grid, itemsize, fused stages): machines do
-    not change them."""
-    fuse = tuple(sorted(int(k) for k in fuse))
-    key = (repr(network.describe()), int(batch), tuple(int(d) for d in dims), int(itemsize), fuse)
+def counts_for(network: Network, batch: int, dims: Sequence[int], itemsize: int, fuse: Sequence[int] = (),
+               fuse_filter: Sequence[int] = ()):
+    """:func:`layer_counts`, remembered per (network, batch, grid, itemsize, fused stages and filters):
+    machines do not change them."""
+    fuse, fuse_filter = (tuple(sorted(int(k) for k in v)) for v in (fuse, fuse_filter))
+    key = (repr(network.describe()), int(batch), tuple(int(d) for d in dims), int(itemsize), fuse, fuse_filter)
     if key not in _COUNTS_CACHE:
         if len(_COUNTS_CACHE) > 64:
             _COUNTS_CACHE.clear()
-        _COUNTS_CACHE[key] = layer_counts(network, batch, dims, itemsize, fuse)
+        _COUNTS_CACHE[key] = layer_counts(network, batch, dims, itemsize, fuse, fuse_filter)
     return _COUNTS_CACHE[key]
 
 
@@ -179,7 +180,7 @@ def _overlapped(ops: list[Op], per_rank: list[np.ndarray], times: list[float], c
 def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] | None, replicas: int,
                  machine: dict[str, Any], stage: int = 0, dtype: str = "float32", optimizer_slots: int = 2,
                  ranks_per_node: int | None = None, tied: bool = True, overlap: bool = False,
-                 reduction: str = "auto", fuse: Sequence[int] = ()) -> dict[str, Any]:
+                 reduction: str = "auto", fuse: Sequence[int] = (), fuse_filter: Sequence[int] = ()) -> dict[str, Any]:
     """Predicted time and memory of one training step of ``stage``.
 
     Parameters
@@ -199,6 +200,10 @@ def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] |
     fuse : stage indices
         ``parallel.fuse``: stages whose pool and LCN share one exchange (``NetworkPlan(fuse=...)``);
         a step fuses those below ``stage`` (its frozen forward), ``result["fuse"]``.
+    fuse_filter : stage indices
+        ``parallel.fuse_filter`` (a subset of ``fuse``): fused stages whose filter joins them below
+        ``stage`` (one exchange of the stage's input; ``NetworkPlan(fuse_filter=...)``),
+        ``result["fuse_filter"]``; their weight halo's one fetch is ``result["weight_halo"]`` (not per step).
 
     Returns
     -------
@@ -222,7 +227,8 @@ def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] |
     rpn = int(ranks_per_node) if ranks_per_node else default_ranks_per_node(machine, ranks)
     share = rank_share(machine, rpn)
     fuse = tuple(sorted(int(k) for k in fuse if int(k) < int(stage)))  # the training stage's pool runs alone
-    counts = counts_for(network, batch, dims, itemsize, fuse)
+    fuse_filter = tuple(sorted(int(k) for k in fuse_filter if int(k) < int(stage)))
+    counts = counts_for(network, batch, dims, itemsize, fuse, fuse_filter)
     ops = step_ops(network, counts, stage, batch, replicas, itemsize, optimizer_slots, tied)
     # where the ranks are: the model group's ranks 0..G-1 (replica 0) packed rpn to a node
     nodes = np.arange(group) // rpn
@@ -298,7 +304,8 @@ def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] |
     return {
         "machine": machine["name"], "stage": int(stage), "ranks": ranks, "replicas": replicas, "grid": list(dims),
         "batch": batch, "dtype": np.dtype(dtype).name, "ranks_per_node": rpn, "overlap": bool(overlap),
-        "fuse": list(fuse),
+        "fuse": list(fuse), "fuse_filter": list(fuse_filter),
+        "weight_halo": _weight_halo(counts, itemsize),
         "reduction": kind,
         "seconds": tot["compute"] + tot["exchange"] + tot["reduce"], "compute_s": tot["compute"],
         "exchange_s": tot["exchange"], "reduce_s": tot["reduce"],
@@ -312,6 +319,16 @@ def predict_step(network: Network, batch: int, ranks: int, dims: Sequence[int] |
         "ops": [{"kind": op.kind, "what": op.what, "layer": op.layer, "label": op.label, "seconds": float(t)}
                 for op, t in zip(ops, times)],
     }
+
+
+def _weight_halo(counts: list, itemsize: int) -> dict[str, float]:
+    """The frozen fused filters' weight halos of the largest rank: bytes kept, and bytes and messages of
+    their one fetch (at a stage's first step, not every step)."""
+    kept, recv, msgs = (sum(np.asarray(getattr(c, k), float) for c in counts if c.halo_params is not None)
+                        for k in ("halo_params", "halo_received", "halo_msgs_received"))
+    return {"bytes_kept": float(np.max(kept * itemsize + np.zeros(len(counts[0].sent)))),
+            "bytes_fetched": float(np.max(recv + np.zeros(len(counts[0].sent)))),
+            "messages_fetched": int(np.max(msgs + np.zeros(len(counts[0].sent))))}
 
 
 def fit_error(network: Network, pred: dict[str, Any]) -> str | None:

@@ -46,9 +46,10 @@ def overlap(world: MPI.Comm, dims: Sequence[int], network: Network, batch: int, 
 
 
 def fuse(world: MPI.Comm, dims: Sequence[int], network: Network, batch: int, replicas: int, dtype: np.dtype,
-         tied: bool, slots: int, overlapped: bool) -> Any:
-    """``fuse="auto"`` on grid ``dims``, with the machine ``overlap="auto"`` uses: a
-    :class:`~cotsdl.planner.fuse.FuseChoice`."""
+         tied: bool, slots: int, overlapped: bool, fused: Any = None, filters: Any = None) -> Any:
+    """``fuse="auto"`` or ``fuse_filter="auto"`` on grid ``dims``, with the machine ``overlap="auto"``
+    uses, the fixed one of them kept (``fused``, ``filters``: as :func:`~cotsdl.planner.fuse.choose_fuse`
+    takes them): a :class:`~cotsdl.planner.fuse.FuseChoice`."""
     from ..array.grid import placement, rank_nodes  # noqa: PLC0415
     from ..planner.fuse import choose_fuse  # noqa: PLC0415
     from ..planner.overlap import model_machine  # noqa: PLC0415
@@ -60,9 +61,9 @@ def fuse(world: MPI.Comm, dims: Sequence[int], network: Network, batch: int, rep
             machine, why = model_machine()
             choice = choose_fuse(network, batch, world.Get_size(), dims, replicas, machine, no_machine=why,
                                  dtype=dtype.name, optimizer_slots=slots, ranks_per_node=per_node, tied=bool(tied),
-                                 overlap=overlapped)
+                                 overlap=overlapped, fused=fused, filters=filters)
         except Exception as e:  # noqa: BLE001 - reported on every rank below
             err = (f'fuse = "auto": the run planner failed ({type(e).__name__}: {e}); give the stages '
-                   '(parallel.fuse = "off", "on" or a list)')
+                   '(parallel.fuse and parallel.fuse_filter = "off", "on" or a list)')
     raise_collectively(world, err, RuntimeError)
     return world.bcast(choice, root=0)

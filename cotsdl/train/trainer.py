@@ -94,6 +94,13 @@ class GreedyTrainer:
         reads (``NetworkPlan(fuse=...)``): a training step's forward is the same bit for bit.
         ``"auto"``: where the run planner predicts a gain on this machine (without a calibration:
         none), decided once on rank 0 (:func:`cotsdl.planner.fuse.choose_fuse`); ``fuse_reason`` says why.
+    fuse_filter : "auto", "on", "off" or stage indices
+        Fused stages whose filter joins their pool and LCN while frozen (``NetworkPlan(fuse_filter=...)``):
+        the forward of the stages below the trained one exchanges each stage's input once, computing the
+        filter on the sites its pool reads with the neighbours' weights, fetched at the first step after
+        another stage was trained (or a weight array replaced; weights changed in place by the caller
+        between two ``train_stage`` calls of one stage are not seen); the same bits.  ``"on"``: every fused
+        stage; ``"auto"``: chosen with ``fuse`` by the run planner, as ``fuse``.
     reduction : "auto", "flat" or "two-level"
         How the replicas sum their gradients (:data:`cotsdl.train.allreduce.REDUCTIONS`; equal
         results, within a float sum's rounding); ``reduction_reason`` says which and why.
@@ -119,14 +126,15 @@ class GreedyTrainer:
                  checkpoint_every: int = 0, keep: int = 3, log_every: int = 10, metrics_file: str | None = None,
                  max_bad_steps: int = 5, log=sys.stdout, should_stop: Callable[[], bool] | None = None,
                  overwrite: bool = False, overlap: bool | str = True, reduction: str = "auto",
-                 filter_norm: float | Sequence[float | None] | None = None, fuse: Any = ()):
-        from ..planner.fuse import resolve as resolve_fuse  # noqa: PLC0415
+                 filter_norm: float | Sequence[float | None] | None = None, fuse: Any = (), fuse_filter: Any = ()):
+        from ..planner.fuse import resolve as resolve_fuse, resolve_filter  # noqa: PLC0415
 
         err = fuse_err = None
         try:
             fixed_fuse = resolve_fuse(fuse, len(network.stages))
+            fixed_filter = resolve_filter(fuse_filter, len(network.stages), fixed_fuse)
         except ValueError as e:
-            fuse_err, fixed_fuse = str(e), ()
+            fuse_err, fixed_fuse, fixed_filter = str(e), (), ()
         norms, norm_err = stage_norms(filter_norm, network)
         if tuple(getattr(data, "image_shape", ())) != network.input_shape:
             err = f"the data's images are {getattr(data, 'image_shape', None)}, the network takes {network.input_shape}"
@@ -167,6 +175,7 @@ class GreedyTrainer:
               keep=int(keep), max_bad_steps=int(max_bad_steps), overwrite=bool(overwrite),
               overlap=overlap if isinstance(overlap, str) else bool(overlap), reduction=reduction,
               fuse="auto" if fixed_fuse is None else list(fixed_fuse),
+              fuse_filter=fixed_filter if fixed_filter is None or isinstance(fixed_filter, str) else list(fixed_filter),
               filter_norm=norms, optimizer=(type(optimizer).__name__, schedules.describe(optimizer.schedule), optimizer.hyper()),
               data=(tuple(data.image_shape), len(data) if hasattr(data, "__len__") else None,
                     getattr(data, "seed", None)))
@@ -187,12 +196,16 @@ class GreedyTrainer:
             overlap, self.overlap_reason = choice.on, choice.reason
         #: why ``fuse="auto"`` chose what it did (None: the stages were given)
         self.fuse_reason: str | None = None
-        if fixed_fuse is None:
+        if fixed_fuse is None or fixed_filter is None or isinstance(fixed_filter, str):
             choice = auto.fuse(self.world, self.decomposition.grid.dims, network, int(batch), replicas,
-                               np.dtype(dtype), tied, len(optimizer.slots), bool(overlap))
-            fixed_fuse, self.fuse_reason = choice.stages, choice.describe()
+                               np.dtype(dtype), tied, len(optimizer.slots), bool(overlap), fixed_fuse, fixed_filter)
+            fixed_fuse, fixed_filter, self.fuse_reason = choice.stages, choice.filters, choice.describe()
         self.plan = NetworkPlan(network, self.decomposition.grid, int(batch), dtype, overlap=bool(overlap),
-                                fuse=fixed_fuse)
+                                fuse=fixed_fuse, fuse_filter=fixed_filter)
+        #: names the frozen stages' weights for the plan's weight halos: a new value whenever a
+        #: ``train_stage`` call trains another stage than the last one did (it may have changed them);
+        #: a replaced weight array (another state) the plan sees by itself
+        self._frozen_version, self._frozen_stage = 0, None
         self.batch, self.replicas, self.lam, self.tied, self.seed = int(batch), int(replicas), float(lam), tied, int(seed)
         # With the cuda backend the weights, the optimizer state and the images live on the GPU.
         self.xp = backend.xp()
@@ -268,7 +281,8 @@ class GreedyTrainer:
         raise_collectively(self.world, err, RuntimeError)
         if stage == 0:
             return x
-        y, _ = self.plan.forward(x, self.params, upto=self.network.layer_index(stage, "filter"))
+        y, _ = self.plan.forward(x, self.params, upto=self.network.layer_index(stage, "filter"),
+                                 frozen=(stage, self._frozen_version))
         return y
 
     def _train_step(self, stage: int, objective: StageObjective, last: bool = False) -> dict[str, Any]:
@@ -347,6 +361,8 @@ class GreedyTrainer:
     def _begin_stage(self, stage: int) -> None:
         if not 0 <= stage < len(self.network.stages):
             raise ValueError(f"stage must be in [0, {len(self.network.stages)}), got {stage!r}")
+        if stage != self._frozen_stage:  # the frozen weights' halos are fetched again (NetworkPlan.weight_halo)
+            self._frozen_version, self._frozen_stage = self._frozen_version + 1, stage
         if self.optimizer is None or stage != self.stage:
             self.optimizer = copy.deepcopy(self.template)
             self.optimizer.comm = self.decomposition.grid.comm

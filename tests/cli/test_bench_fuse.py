@@ -32,19 +32,25 @@ def test_fuse_bench_counts_messages_and_predicts_both(cfg, tmp_path):
                 "--json", str(out))
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads(out.read_text())
-    per, fused = data["rows"]
-    assert (per["setting"], fused["setting"]) == ("per layer", "fused") and fused["fuse"] == [0]
-    # stage 0's LCN needs a halo on 2 ranks: fused, its messages ride on the pool's exchange
-    assert fused["halo_messages"] < per["halo_messages"], data["rows"]
-    assert per["loss"] == fused["loss"]  # the same forward, bit for bit
+    per, fused, whole = data["rows"]
+    assert (per["setting"], fused["setting"], whole["setting"]) == ("per layer", "fused", "fused+filter")
+    assert fused["fuse"] == [0] and fused["fuse_filter"] == [] and whole["fuse_filter"] == [0]
+    # stage 0's LCN needs a halo on 2 ranks: fused, its messages ride on the pool's exchange; with the
+    # filter fused too, the pool's ride on the filter's: one exchange for the frozen stage
+    assert whole["halo_messages"] < fused["halo_messages"] < per["halo_messages"], data["rows"]
+    assert per["loss"] == fused["loss"] == whole["loss"]  # the same forward, bit for bit
+    assert data["weight_halo_fetches"] == 1  # once, in the warm-up: not per step or per round
     for r in data["rows"]:
         assert r["step_s"] > 0 and r["predicted_s"] > 0 and r["round_interval_s"][0] <= r["round_interval_s"][1]
-    f = data["fused_vs_per_layer"]
-    assert f["rounds"] == 2 and f["interval"][0] <= f["median"] <= f["interval"][1]
-    be = data["break_even"]
-    assert be["link"] == "link" and be["alpha_s"] > 0
-    assert be["wins_now"] or be["break_even_alpha_s"] is None or be["break_even_alpha_s"] > be["alpha_s"]
+    for key in ("fused_vs_per_layer", "filter_vs_per_layer"):
+        f = data[key]
+        assert f["rounds"] == 2 and f["interval"][0] <= f["median"] <= f["interval"][1]
+    for key in ("break_even", "break_even_filter"):
+        be = data[key]
+        assert be["link"] == "link" and be["alpha_s"] > 0
+        assert be["wins_now"] or be["break_even_alpha_s"] is None or be["break_even_alpha_s"] > be["alpha_s"]
     assert "fused / per layer, paired by round" in res.stdout and "planner on gtx680-fdr" in res.stdout
+    assert "fused+filter / per layer, paired by round" in res.stdout and "fusing the filter too" in res.stdout
 
 
 def test_fuse_bench_refuses_a_stage_with_nothing_below(cfg):

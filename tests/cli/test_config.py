@@ -25,7 +25,8 @@ def test_defaults_are_filled_in():
     assert cfg["train"]["schedule"]["start_factor"] == 0.0 and cfg["train"]["schedule"]["min_lr"] == 0.0
     bare = config.load(DEMO, ["train.schedule={}"])  # no schedule given: a constant learning rate
     assert bare["train"]["schedule"] == {"kind": "constant", "warmup_steps": 0, "start_factor": 0.0}
-    assert cfg["parallel"] == {"replicas": 1, "grid": "auto", "overlap": "auto", "reduction": "auto", "fuse": "auto"}
+    assert cfg["parallel"] == {"replicas": 1, "grid": "auto", "overlap": "auto", "reduction": "auto", "fuse": "auto",
+                               "fuse_filter": "auto"}
 
 
 @pytest.mark.parametrize("text, value", [('"auto"', "auto"), ('"on"', "on"), ("off", "off"), ("[0]", [0]),
@@ -38,6 +39,33 @@ def test_fuse_is_auto_on_off_or_stages(text, value):
 def test_a_bad_fuse_names_the_key_and_the_value(text):
     with pytest.raises(config.ConfigError, match=r"parallel\.fuse.*must be one of"):
         config.load(DEMO, [f"parallel.fuse={text}"])
+
+
+@pytest.mark.parametrize("text, value", [('"auto"', "auto"), ('"on"', "on"), ("off", "off"), ("[0]", [0])])
+def test_fuse_filter_is_auto_on_off_or_stages(text, value):
+    assert config.load(DEMO, [f"parallel.fuse_filter={text}"])["parallel"]["fuse_filter"] == value
+
+
+@pytest.mark.parametrize("text", ["true", "[-1]", '"some"'])
+def test_a_bad_fuse_filter_names_the_key_and_the_value(text):
+    with pytest.raises(config.ConfigError, match=r"parallel\.fuse_filter.*must be one of"):
+        config.load(DEMO, [f"parallel.fuse_filter={text}"])
+
+
+@pytest.mark.parametrize("fuse, filters, message", [
+    ("[0]", "[1]", r"parallel\.fuse_filter: stage 1's filter joins its pool and LCN only where they are fused; "
+                   r"parallel\.fuse fuses \[0\]"),
+    ('"off"', '"on"', None), ('"auto"', "[5]", r"parallel\.fuse_filter: stage 5 is not a stage of the network"),
+    ("[7]", '"auto"', r"parallel\.fuse: stage 7 is not a stage of the network")])
+def test_fuse_filter_is_checked_against_the_network_and_fuse_when_read(fuse, filters, message):
+    from cotsdl.cli import run
+
+    over = [f"parallel.fuse={fuse}", f"parallel.fuse_filter={filters}"]
+    if message is None:  # "on" with nothing fused: no filter joins anything
+        assert run.read(DEMO, over).parallel.fuse_filter == "on"
+        return
+    with pytest.raises(config.ConfigError, match=str(DEMO).replace(".", r"\.") + ": " + message):
+        run.read(DEMO, over)
 
 
 @pytest.mark.parametrize("text, value", [('"auto"', "auto"), ("true", True), ("false", False)])

@@ -58,6 +58,39 @@ def test_planner_counts_of_a_fused_stage_equal_the_plan(comm, dims, make):
     grid.free()
 
 
+@pytest.mark.parametrize("make", [network, demo], ids=["uneven", "demo"])
+@pytest.mark.parametrize("dims", grids())
+def test_planner_counts_of_a_frozen_fused_stage_equal_the_plan(comm, dims, make):
+    """With every stage's filter fused too (``fuse_filter``, a frozen stage's forward): the filter's
+    counts are its grown exchange's and boxes' (the outputs it computes twice), its own weights stay
+    the rank's, its weight halo is the plan's (kept elements, the bytes and messages of its one fetch);
+    the pool's and the LCN's exchanges count nothing."""
+    net, batch = make(), 3
+    grid = ProcessGrid(comm, dims)
+    fuse = tuple(range(len(net.stages)))
+    real = NetworkPlan(net, grid, batch, np.float32, fuse=fuse, fuse_filter=fuse)
+    counts = layer_counts(net, batch, dims, 4, fuse, fuse)
+    r = grid.rank
+    params = real.init_params(0)
+    for lp, c in zip(real.layers, counts):
+        if lp.layer.kind != "filter":
+            assert (c.sent[r], c.received[r], c.msgs_sent[r], c.msgs_received[r], c.copied[r]) == (0, 0, 0, 0, 0)
+            assert c.halo_params[r] == 0
+            if lp.layer.kind == "pool":  # computed on its grown boxes, from the filter's grown output
+                fp = real.fused[lp.index]
+                assert c.window_elems[r] == fp.window.size and c.out_elems[r] == fp.out.size
+            continue
+        grown, wex = real.frozen[lp.index], real.weight_exchanges[lp.index]
+        assert_counts(c, grown, r, dims)
+        assert c.params_rank[r] == params[lp.index].size
+        assert c.halo_params[r] == real.weight_box(lp.index, grown.sites)[1].size
+        assert (c.halo_received[r], c.halo_msgs_received[r]) == (wex.bytes_received, wex.messages_received)
+        whole = lp.layer.cost(lp.in_shape)["forward"].flops
+        units = np.prod(lp.layer.sites(lp.in_shape))
+        assert c.passes["forward"][0][r] == pytest.approx(whole * grown.sites.size / units, rel=1e-12)
+    grid.free()
+
+
 def assert_counts(c, lp, r, dims):
     """Layer counts ``c`` on rank ``r`` are what the real layer plan ``lp`` has."""
     ex = lp.exchange

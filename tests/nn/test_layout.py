@@ -115,3 +115,66 @@ def test_a_fused_pool_pools_every_pixel_its_lcn_reads_and_tiles_the_ranks(case):
             assert grown.sites.contains(pool.sites) and grown.window.contains(pool.window)
             assert grown.window == pool.layer.rf.input_box(grown.out, pool.in_shape)
             assert Box((0, 0, 0, 0), pool.in_shape).contains(grown.window)
+
+
+@st.composite
+def filtered_stages(draw):
+    """One stage with a random filter (size, stride, block) on a random input and grid."""
+    from cotsdl.nn.layers import LCN
+    from cotsdl.nn.network import Network, Stage
+
+    fr = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    fs = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    fb = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    pr = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    ps = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    stage = Stage(LocalFilter(fr, fs, 2, fb), L2Pool(pr, ps, 0.1), LCN(draw(st.sampled_from([1, 3])), 1.0))
+    H, W = draw(st.integers(10, 40)), draw(st.integers(10, 40))
+    try:
+        net = Network((H, W, 1), [stage])
+    except ValueError:  # the stage does not fit this input
+        net = Network((40, 40, 1), [Stage(LocalFilter(fr, (1, 1), 2, fb), L2Pool(pr, ps, 0.1), LCN(1, 1.0))])
+    dims = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    return net, dims
+
+
+@settings(max_examples=300, deadline=None)
+@given(filtered_stages())
+def test_a_fused_filter_writes_every_pixel_its_grown_pool_reads(case):
+    """The grown filter: the same layer and owned input; the fewest whole sites whose output holds the
+    grown pool's window; a window that is exactly what those sites read; inside the layer's sites;
+    empty where the pool reads nothing.  fuse_rows grows it only with its pool."""
+    import pytest
+
+    from cotsdl.nn.layout import fuse_rows, fused_filter, fused_pool, layout
+
+    net, dims = case
+    filt0 = net.layers[0]
+    bh, bw = filt0.unit_block
+    for i in range(dims[0]):
+        for j in range(dims[1]):
+            rows = layout(net, dims, (i, j), 2)[1]
+            filt, pool = rows[0], fused_pool(rows[1], rows[2])
+            grown = fused_filter(filt, pool)
+            fused = fuse_rows(rows, [0], net.roles, filters=[0])
+            assert fused[0] == grown and fused[1] == pool and fused[2] == rows[2]
+            assert fuse_rows(rows, [0], net.roles)[0] == filt
+            assert (grown.index, grown.layer, grown.src_owned, grown.in_shape, grown.out_shape) == (
+                filt.index, filt.layer, filt.src_owned, filt.in_shape, filt.out_shape)
+            if pool.window.is_empty:
+                assert grown.out.is_empty and grown.sites.is_empty and grown.window.is_empty
+                continue
+            assert grown.out.contains(pool.window)
+            assert grown.out == site_output_box(filt0, grown.sites, filt.out_shape)
+            # the fewest sites: dropping a first or last row or column of sites loses a pixel the pool reads
+            w = pool.window
+            assert grown.sites.lo == (w.lo[0] // bh, w.lo[1] // bw)
+            assert grown.sites.hi == (-(-w.hi[0] // bh), -(-w.hi[1] // bw))
+            assert Box((0, 0), filt0.sites(filt.in_shape)).contains(grown.sites)
+            assert grown.window == filt0.rf.input_box(grown.out, filt.in_shape)
+            assert Box((0, 0, 0, 0), filt.in_shape).contains(grown.window)
+    with pytest.raises(ValueError, match="filter but not their pool"):
+        fuse_rows(layout(net, dims, (0, 0), 2)[1], [], net.roles, filters=[0])
+    with pytest.raises(ValueError, match="not a stage's filter and pool"):
+        rows = layout(net, dims, (0, 0), 2)[1]
+        fused_filter(rows[1], rows[2])

@@ -151,13 +151,15 @@ def test_two_nodes_train_bitwise_like_one(setup, per_node):
 def test_the_exchange_tests_pass_with_the_grid_split_across_nodes():
     """tests/mpi/test_exchange.py (forward, adjoint, split-phase, replica groups), and one exchange for a
     stage's pool and LCN against one each (tests/mpi/test_network.py, test_fuse_train.py: equal results,
-    fused training bit for bit), and waits that give the core away (tests/mpi/test_yield_waits.py: on 2
-    nodes x 2, two ranks on each one-core node), on 2 nodes x 1 and x 2."""
+    fused training bit for bit), one for a frozen stage's filter, pool and LCN (test_fuse_filter.py), and
+    waits that give the core away (tests/mpi/test_yield_waits.py: on 2 nodes x 2, two ranks on each one-core
+    node), on 2 nodes x 1 and x 2."""
     for ranks, per_node in ((2, 1), (4, 2)):
         res = subprocess.run([MPIEXEC, *on_nodes(ranks, per_node), sys.executable, "-m", "mpi4py",
                               str(ROOT / "tests" / "mpi_pytest.py"), str(ROOT / "tests" / "mpi" / "test_exchange.py"),
                               str(ROOT / "tests" / "mpi" / "test_network.py"),
                               str(ROOT / "tests" / "mpi" / "test_fuse_train.py"),
+                              str(ROOT / "tests" / "mpi" / "test_fuse_filter.py"),
                               str(ROOT / "tests" / "mpi" / "test_yield_waits.py"),
                               "-k", "not test_network or one_exchange or fused_stage or fused_training",
                               "-q", "-p", "no:cacheprovider"],

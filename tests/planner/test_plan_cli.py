@@ -112,3 +112,23 @@ def test_bad_machine_file_and_json_destination(tmp_path):
     assert f"machine {f}: missing key source" in one_error(plan(DEMO, "--machine", str(f)))
     assert "is a folder" in one_error(plan(DEMO, "--json", str(tmp_path)))
     assert "no such file" in one_error(plan(str(tmp_path / "nope.toml")))
+
+
+def test_plan_says_which_frozen_stages_fuse_their_filter_and_their_weight_halo(tmp_path):
+    """--fuse on --fuse-filter on: the choice line, the weight halo of the frozen stages (kept, fetched once),
+    and the JSON's counts; a fuse_filter outside fuse is one clear error naming both keys."""
+    out = tmp_path / "plan.json"
+    res = plan(DEMO, "--ranks", "4", "--grid", "2", "2", "--machine", "gtx680-fdr", "--fuse", "on",
+               "--fuse-filter", "on", "--stage", "2", "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "with the filter too while frozen (one exchange of the stage's input) in stage(s) 0, 1, 2" in res.stdout
+    assert "(--fuse on, --fuse-filter on)" in res.stdout
+    assert "frozen stage(s) 0, 1 with the filter fused: weight halo" in res.stdout and "not per step" in res.stdout
+    data = json.loads(out.read_text())
+    pred = data["predictions"][0]
+    assert pred["fuse_filter"] == [0, 1] and pred["weight_halo"]["bytes_kept"] > 0
+    assert data["fuse"]["filters"] == [0, 1, 2]
+    auto = plan(DEMO, "--ranks", "4", "--grid", "2", "2", "--machine", "gtx680-fdr", "--fuse-filter", "auto")
+    assert auto.returncode == 0 and "auto: stage 0 " in auto.stdout and "filter+pool+LCN" in auto.stdout
+    bad = plan(DEMO, "--ranks", "4", "--set", "parallel.fuse=[0]", "--set", "parallel.fuse_filter=[1]")
+    assert "parallel.fuse_filter: stage 1's filter joins its pool and LCN only where they are fused" in one_error(bad)

@@ -48,14 +48,16 @@ class CountingComm:
         return getattr(self._comm, name)
 
 
-def counted_step(monkeypatch, stage, steps, optimizer, tied, fuse=()):
+def counted_step(monkeypatch, stage, steps, optimizer, tied, fuse=(), fuse_filter=()):
     """What ``steps`` steps of ``stage`` did: Counter of exchanges (layer, direction), passes, reductions."""
     tally = collections.Counter()
     images = np.random.default_rng(0).standard_normal((16, 10, 10, 1))
     tr = GreedyTrainer(Network.from_description(NET), InMemorySource(images), optimizer, comm=MPI.COMM_SELF,
                        batch=4, log_every=0, overlap=False, tied=tied, should_stop=lambda: False,
-                       log=open(os.devnull, "w"), fuse=fuse)
-    index = {id(lp.exchange): lp.index for lp in list(tr.plan.layers) + list(tr.plan.fused.values())}
+                       log=open(os.devnull, "w"), fuse=fuse, fuse_filter=fuse_filter)
+    index = {id(lp.exchange): lp.index
+             for lp in list(tr.plan.layers) + list(tr.plan.fused.values()) + list(tr.plan.frozen.values())}
+    index.update({id(ex): ("weights", f) for f, ex in tr.plan.weight_exchanges.items()})  # once a stage: cancels
     real_start, real_adjoint = ExchangePlan.start, ExchangePlan.start_adjoint
 
     def start(self, *a, **k):
@@ -91,15 +93,21 @@ def counted_step(monkeypatch, stage, steps, optimizer, tied, fuse=()):
 
 
 @pytest.mark.parametrize("stage", [0, 1])
-@pytest.mark.parametrize("optimizer, tied, fuse", [(Momentum, True, ()), (Adam, False, ()), (Momentum, True, (0, 1))])
-def test_the_planned_step_makes_the_calls_of_a_real_step(monkeypatch, stage, optimizer, tied, fuse):
-    two = counted_step(monkeypatch, stage, 2, optimizer(0.01), tied, fuse)
-    one = counted_step(monkeypatch, stage, 1, optimizer(0.01), tied, fuse)
+@pytest.mark.parametrize("optimizer, tied, fuse, fuse_filter", [(Momentum, True, (), ()), (Adam, False, (), ()),
+                                                             (Momentum, True, (0, 1), ()),
+                                                             (Momentum, True, (0, 1), (0, 1))])
+def test_the_planned_step_makes_the_calls_of_a_real_step(monkeypatch, stage, optimizer, tied, fuse, fuse_filter):
+    two = counted_step(monkeypatch, stage, 2, optimizer(0.01), tied, fuse, fuse_filter)
+    one = counted_step(monkeypatch, stage, 1, optimizer(0.01), tied, fuse, fuse_filter)
+    if fuse_filter and stage:  # the weight halo of the frozen filter: fetched once a stage, not per step
+        assert two[("exchange", ("weights", 0), "forward")] == one[("exchange", ("weights", 0), "forward")] == 1
     real = two - one
     net = Network.from_description(NET)
     planned = collections.Counter()
     below = tuple(k for k in fuse if k < stage)  # as predict_step: a step fuses the frozen stages only
-    for op in step_ops(net, layer_counts(net, 4, (1, 1), fuse=below), stage, 4, 1, 8, optimizer_slots=1, tied=tied):
+    filters = tuple(k for k in fuse_filter if k < stage)
+    for op in step_ops(net, layer_counts(net, 4, (1, 1), fuse=below, fuse_filter=filters), stage, 4, 1, 8,
+                       optimizer_slots=1, tied=tied):
         if op.kind == "exchange":
             planned[("exchange", op.layer, op.what)] += 1
         elif op.kind == "compute" and op.what != "elementwise":
