@@ -150,8 +150,9 @@ class NetworkPlan:
         the box of the weights of ``sites`` (2-D)."""
         lp = self.layers[index]
         shape = lp.layer.weight_shape(lp.in_shape)
-        sites = lp.sites if sites is None else sites
-        if sites.is_empty:
+        if sites is None:  # its own: a rank without sites holds (0 or more, ...) like init_params makes them
+            sites = lp.sites
+        elif sites.is_empty:
             return shape, Box.empty(len(shape))
         return shape, Box(sites.lo + (0,) * 4, sites.hi + shape[2:])
 

@@ -120,3 +120,25 @@ def test_a_frozen_tape_has_no_backward_and_fuse_filter_needs_fuse(comm):
     with pytest.raises(ValueError, match="frozen forward"):
         plan.backward(y, tape, params)
     grid.free()
+
+
+@pytest.mark.parametrize("dims", grids())
+def test_every_ranks_weight_box_is_the_shape_of_its_weights(comm, dims):
+    """A rank's own weight box has the shape of the weights it holds, also where it owns no sites (the
+    demo's top stage on 2 ranks: checkpoints, stage statistics and the evaluation read by it), and the box
+    of no sites (a weight halo with nothing to fetch) is empty."""
+    from cotsdl.array import Box
+    from cotsdl.nn import Network
+
+    net = Network.from_description({"input": [16, 16, 1], "stages": [
+        {"filter": {"size": [5, 5], "stride": [1, 1], "channels": 2}, "pool": {"size": [2, 2], "stride": [2, 2],
+                                                                             "eps": 0.01},
+         "lcn": {"size": 3, "sigma": 1.0, "eps": 1e-3}},
+        {"filter": {"size": [6, 6], "stride": [1, 1], "channels": 3}, "pool": {"size": [1, 1], "stride": [1, 1],
+                                                                             "eps": 0.01},
+         "lcn": {"size": 1, "sigma": 1.0, "eps": 1e-3}}]})
+    plan = NetworkPlan(net, ProcessGrid(comm, dims), BATCH, np.float32)
+    params = plan.init_params(seed=1)
+    for li, w in params.items():
+        assert plan.weight_box(li)[1].shape == w.shape, (li, plan.weight_box(li)[1], w.shape)
+    assert plan.weight_box(0, Box.empty(2))[1].is_empty
