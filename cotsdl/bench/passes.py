@@ -201,24 +201,19 @@ def _rounds_within(fns: dict[Any, Callable[[], Any]], seconds: float, least: int
     return int(min(max(least, math.ceil(seconds / max(time.perf_counter() - t0, 1e-9))), most))
 
 
-def _all_core_passes(comm: MPI.Comm, hosts: list[str], comp: dict[str, Any], repeats: int, quick: bool, say,
-                     cases: list) -> None:
-    """The passes on all the cores of a node, run at once by the first rank of every node (a node of a
-    training job is as busy as every other: simulated nodes on one machine share its caches and memory,
-    which costs each 5-10% here; separate nodes share nothing and lose nothing), the rounds started
-    together and not synchronized further; rank 0's times are kept (collective)."""
+def _passes_on(comm: MPI.Comm, ranks: list[int], threads: int | None, repeats: int, quick: bool, say, cases: list,
+               sync: bool) -> list[dict[str, Any]]:
+    """(collective) :func:`_measure_passes` run at once on ``ranks`` of ``comm`` (``threads`` None: each its
+    own node's cores), the others waiting without spinning; rank 0's rows, on every rank.  A failure on
+    any of them is raised on every rank."""
     rank = comm.Get_rank()
-    leaders = sorted({hosts.index(h) for h in hosts})
-    sub = comm.Split(0 if rank in leaders else MPI.UNDEFINED, rank)
+    sub = comm.Split(0 if rank in ranks else MPI.UNDEFINED, rank)
     rows, err = None, None
     if sub != MPI.COMM_NULL:
-        if len(leaders) > 1:
-            say(f"      (the passes on the first rank of each of the {len(leaders)} nodes at once)")
-        cores = ops.available_cores()
         sub.Barrier()
         try:
-            rows = _measure_passes(cores, repeats, quick, say if rank == 0 else (lambda *a: None), cases, sub,
-                                   sync=False)
+            rows = _measure_passes(ops.available_cores() if threads is None else threads, repeats, quick,
+                                   say if rank == 0 else (lambda *a: None), cases, sub, sync=sync)
         except Exception as e:  # noqa: BLE001 - reported on every rank below
             err = f"calibration failed on rank {rank}: {type(e).__name__}: {e}"
         sub.Free()
@@ -226,7 +221,19 @@ def _all_core_passes(comm: MPI.Comm, hosts: list[str], comp: dict[str, Any], rep
     else:
         wait_idle(comm)
     raise_collectively(comm, err, RuntimeError)
-    comp["rows"] = comm.bcast(rows if rank == 0 else None, root=0)
+    return comm.bcast(rows if rank == 0 else None, root=0)
+
+
+def _all_core_passes(comm: MPI.Comm, hosts: list[str], comp: dict[str, Any], repeats: int, quick: bool, say,
+                     cases: list) -> None:
+    """The passes on all the cores of a node, run at once by the first rank of every node (a node of a
+    training job is as busy as every other: simulated nodes on one machine share its caches and memory,
+    which costs each 5-10% here; separate nodes share nothing and lose nothing), the rounds started
+    together and not synchronized further; rank 0's times are kept (collective)."""
+    leaders = sorted({hosts.index(h) for h in hosts})
+    if len(leaders) > 1:
+        say(f"      (the passes on the first rank of each of the {len(leaders)} nodes at once)")
+    comp["rows"] = _passes_on(comm, leaders, None, repeats, quick, say, cases, sync=False)
 
 
 def _one_thread_passes(comm: MPI.Comm, hosts: list[str], comp: dict[str, Any], repeats: int, say,
@@ -235,19 +242,10 @@ def _one_thread_passes(comm: MPI.Comm, hosts: list[str], comp: dict[str, Any], r
     shares caches and memory bandwidth with the others, as in training), each pass ended by a barrier
     (a step's ranks meet at every exchange: a rank that another process delays holds up the others);
     rank 0's times are kept."""
-    rank, cores = comm.Get_rank(), comp["cores"]
+    cores = comp["cores"]
     busy = [r for r in range(comm.Get_size()) if hosts[r] == hosts[0]][:cores]
-    sub = comm.Split(0 if rank in busy else MPI.UNDEFINED, rank)
-    rows = None
-    if sub != MPI.COMM_NULL:
-        say(f"      ({len(busy)} of {cores} cores busy: the same passes on every busy rank at once)")
-        sub.Barrier()
-        rows = _measure_passes(1, repeats, False, say if rank == 0 else (lambda *a: None), cases, sub)
-        sub.Free()
-        comm.Ibarrier().Wait()
-    else:
-        wait_idle(comm)
-    comp["rows"] += comm.bcast(rows if rank == 0 else None, root=0)
+    say(f"      ({len(busy)} of {cores} cores busy: the same passes on every busy rank at once)")
+    comp["rows"] += _passes_on(comm, busy, 1, repeats, False, say, cases, sync=True)
     comp["thread_counts"].append(1)
     comp["busy_1thread"] = len(busy)
 

@@ -143,23 +143,22 @@ def _overlap(args, spec, net, batch, ranks, grid, reps, machine, stages, kw) -> 
 def _fuse(args, spec, net, batch, ranks, grid, reps, machine, kw) -> dict[str, Any]:
     """The stages whose pool and LCN share one exchange, and those whose frozen filter joins them: the
     config's (or --fuse, --fuse-filter), or what "auto" chooses."""
-    from ..planner.fuse import choose_fuse, resolve, resolve_filter  # noqa: PLC0415
+    from ..planner.fuse import choose_fuse, resolve, resolve_filter, undecided  # noqa: PLC0415
 
+    given_filter = getattr(args, "fuse_filter", None)
     setting = args.fuse or spec.parallel.fuse
-    fsetting = getattr(args, "fuse_filter", None) or spec.parallel.fuse_filter
+    fsetting = given_filter or spec.parallel.fuse_filter
     fixed = resolve(setting, len(net.stages))
     filters = resolve_filter(fsetting, len(net.stages), fixed)
-    auto = "auto" if fixed is None or filters is None or isinstance(filters, str) else "set"
-    if auto == "set":
+    if not undecided(fixed, filters):
         why = ", ".join(f"{flag} {given}" if given else f"{key} set in the config" for flag, given, key in (
-            ("--fuse", args.fuse, "parallel.fuse"), ("--fuse-filter", getattr(args, "fuse_filter", None),
-                                                     "parallel.fuse_filter")))
+            ("--fuse", args.fuse, "parallel.fuse"), ("--fuse-filter", given_filter, "parallel.fuse_filter")))
         return {"setting": setting, "filter_setting": fsetting, "stages": list(fixed), "filters": list(filters),
                 "reason": why}
     choice = choose_fuse(net, batch, ranks, grid, reps, machine, fused=fixed, filters=filters, **kw)
     return {"setting": "auto", "filter_setting": fsetting, "stages": list(choice.stages),
             "filters": list(choice.filters), "reason": choice.describe(),
-            "seconds": [list(s) if s else None for s in choice.seconds], "predicted": list(choice.predicted)}
+            "seconds": choice.as_dict()["seconds"], "predicted": list(choice.predicted)}
 
 
 def _overlap_text(ov: dict[str, Any]) -> str:

@@ -45,17 +45,25 @@ class FuseChoice:
 
     stages: tuple[int, ...]
     reasons: tuple[str, ...]
-    seconds: tuple[tuple[float, float] | None, ...] = ()
     filters: tuple[int, ...] = ()
     predicted: tuple[dict[str, float], ...] = ()
 
+    @property
+    def seconds(self) -> tuple[tuple[float, float] | None, ...]:
+        """Per stage, the predicted step of the stage above per layer and pool+LCN fused (None where
+        the model did not predict both)."""
+        return tuple((p[FORMS[0]], p[FORMS[1]]) if FORMS[0] in p and FORMS[1] in p else None
+                     for p in self.predicted)
+
     def describe(self) -> str:
         """One line: ``stage 0 fused with its filter (…); stage 1 per layer (…)``."""
-        return "; ".join(f"stage {k} {'per layer' if k not in self.stages else 'fused with its filter' if k in self.filters else 'fused'} "
-                         f"({why})" for k, why in enumerate(self.reasons))
+        def form(k: int) -> str:
+            return "per layer" if k not in self.stages else "fused with its filter" if k in self.filters else "fused"
+
+        return "; ".join(f"stage {k} {form(k)} ({why})" for k, why in enumerate(self.reasons))
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "seconds": [list(t) if t else None for t in self.seconds]}
 
 
 def resolve(setting: Any, stages: int, name: str = "parallel.fuse") -> tuple[int, ...] | None:
@@ -85,6 +93,12 @@ def resolve_filter(setting: Any, stages: int, fused: tuple[int, ...] | None) -> 
     return out
 
 
+def undecided(fused: tuple[int, ...] | None, filters: tuple[int, ...] | str | None) -> bool:
+    """Whether the settings (:func:`resolve`'s and :func:`resolve_filter`'s) leave :func:`choose_fuse`
+    something to choose: either is "auto", or the filter is "on" over an automatic ``parallel.fuse``."""
+    return fused is None or filters is None or isinstance(filters, str)
+
+
 def _forms(k: int, fused: tuple[int, ...] | None, filters: tuple[int, ...] | str | None) -> list[str]:
     """The forms of stage ``k`` the fixed settings leave to choose from, simplest first."""
     forms = list(FORMS)
@@ -108,7 +122,7 @@ def choose_fuse(network: Network, batch: int, ranks: int, dims: Sequence[int] | 
     overlap)."""
     n = len(network.stages)
     group = int(ranks) // int(replicas)
-    chosen, reasons, secs, preds = [], [], [], []
+    chosen, reasons, preds = [], [], []
     for k in range(n):
         forms = _forms(k, fused, filters)
         why = None
@@ -123,7 +137,6 @@ def choose_fuse(network: Network, batch: int, ranks: int, dims: Sequence[int] | 
         if why is not None:
             chosen.append(forms[0])
             reasons.append(why)
-            secs.append(None)
             preds.append({})
             continue
         pred, fits = {}, {}
@@ -145,7 +158,6 @@ def choose_fuse(network: Network, batch: int, ranks: int, dims: Sequence[int] | 
         listed = ", ".join(f"{f} {pred[f] * 1e3:.3g} ms" for f in forms)
         chosen.append(best)
         reasons.append(f"stage {k + 1}'s step predicted {listed}: {'; '.join(notes)}")
-        secs.append((pred[FORMS[0]], pred[FORMS[1]]) if FORMS[0] in pred and FORMS[1] in pred else None)
         preds.append(pred)
-    return FuseChoice(tuple(k for k, f in enumerate(chosen) if f != FORMS[0]), tuple(reasons), tuple(secs),
+    return FuseChoice(tuple(k for k, f in enumerate(chosen) if f != FORMS[0]), tuple(reasons),
                       tuple(k for k, f in enumerate(chosen) if f == FORMS[2]), tuple(preds))

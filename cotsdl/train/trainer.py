@@ -127,7 +127,7 @@ class GreedyTrainer:
                  max_bad_steps: int = 5, log=sys.stdout, should_stop: Callable[[], bool] | None = None,
                  overwrite: bool = False, overlap: bool | str = True, reduction: str = "auto",
                  filter_norm: float | Sequence[float | None] | None = None, fuse: Any = (), fuse_filter: Any = ()):
-        from ..planner.fuse import resolve as resolve_fuse, resolve_filter  # noqa: PLC0415
+        from ..planner.fuse import resolve as resolve_fuse, resolve_filter, undecided  # noqa: PLC0415
 
         err = fuse_err = None
         try:
@@ -196,7 +196,7 @@ class GreedyTrainer:
             overlap, self.overlap_reason = choice.on, choice.reason
         #: why ``fuse="auto"`` chose what it did (None: the stages were given)
         self.fuse_reason: str | None = None
-        if fixed_fuse is None or fixed_filter is None or isinstance(fixed_filter, str):
+        if undecided(fixed_fuse, fixed_filter):
             choice = auto.fuse(self.world, self.decomposition.grid.dims, network, int(batch), replicas,
                                np.dtype(dtype), tied, len(optimizer.slots), bool(overlap), fixed_fuse, fixed_filter)
             fixed_fuse, fixed_filter, self.fuse_reason = choice.stages, choice.filters, choice.describe()
