@@ -52,6 +52,15 @@
 // check-kernels variant: -DTM=128 -DTN=64 -DRM=8 -DRN=4
 // check-kernels variant: -DTM=128 -DTN=96 -DRM=8 -DRN=6
 // check-kernels variant: -DTM=128 -DTN=128 -DRM=8 -DRN=8
+// check-kernels variant: -DTM=128 -DTN=64 -DRM=8 -DRN=4 -DGT_STAGES=2
+// check-kernels variant: -DTM=128 -DTN=64 -DRM=8 -DRN=4 -DGT_STAGES=3
+// check-kernels variant: -DTM=128 -DTN=64 -DRM=8 -DRN=4 -DGT_STAGES=4 -DTK=8
+// check-kernels variant: -DTM=128 -DTN=96 -DRM=8 -DRN=6 -DGT_STAGES=2
+// check-kernels variant: -DTM=128 -DTN=96 -DRM=8 -DRN=6 -DGT_STAGES=3
+// check-kernels variant: -DTM=128 -DTN=96 -DRM=8 -DRN=6 -DGT_STAGES=4 -DTK=8
+// check-kernels variant: -DTM=128 -DTN=128 -DRM=8 -DRN=8 -DGT_STAGES=2
+// check-kernels variant: -DTM=128 -DTN=128 -DRM=8 -DRN=8 -DGT_STAGES=3 -DTK=8
+// check-kernels variant: -DTM=128 -DTN=128 -DRM=8 -DRN=8 -DGT_STAGES=4 -DTK=8
 #include "gemm_tile.cuh"
 
 struct Geom {
@@ -75,8 +84,8 @@ __device__ void fwd(const T* __restrict__ x, const T* __restrict__ w, T* __restr
     T* ys = y + g.y_site(i, j);
     gemm_tile<T, true, true>(
         M, g.N, R, blockIdx.y * TM, (blockIdx.x % tiles) * TN,
-        [&](int m, int r) { return ws[(long long)m * R + r]; },
-        [&](int r, int n) { return xs[xoff[r] + n]; },
+        [&](int m, int r) { return ws + (long long)m * R + r; },
+        [&](int r, int n) { return xs + xoff[r] + n; },
         [&](int m, int n, T v) { ys[yoff[m] + n] = v; });
 }
 
@@ -94,8 +103,8 @@ __device__ void bwd_weights(const T* __restrict__ x, const T* __restrict__ dy, T
     T* dws = dw + (long long)s * M * R;
     gemm_tile<T, true, false>(
         M, R, g.N, blockIdx.y * TM, (blockIdx.x % tiles) * TN,
-        [&](int m, int n) { return dys[yoff[m] + n]; },
-        [&](int n, int r) { return xs[xoff[r] + n]; },
+        [&](int m, int n) { return dys + yoff[m] + n; },
+        [&](int n, int r) { return xs + xoff[r] + n; },
         [&](int m, int r, T v) {
             T* o = dws + (long long)m * R + r;
             *o = acc ? *o + v : v;
@@ -127,13 +136,13 @@ __device__ void bwd_data(const T* __restrict__ dy, const T* __restrict__ w, T* _
         [&](int r, int k) {
             const int i = u - kti[k], j = v - ktj[k];
             const int p = rdy[r] + kti[k] * g.sh, q = rdx[r] + ktj[k] * g.sw;
-            if (i < 0 || j < 0 || i >= g.SH || j >= g.SW || p >= g.rh || q >= g.rw) return T(0);
-            return w[((long long)(i * g.SW + j) * M + km[k]) * R + (p * g.rw + q) * g.C + rc[r]];
+            if (i < 0 || j < 0 || i >= g.SH || j >= g.SW || p >= g.rh || q >= g.rw) return (const T*)nullptr;
+            return w + ((long long)(i * g.SW + j) * M + km[k]) * R + (p * g.rw + q) * g.C + rc[r];
         },
         [&](int k, int n) {
             const int i = u - kti[k], j = v - ktj[k];
-            if (i < 0 || j < 0 || i >= g.SH || j >= g.SW) return T(0);
-            return dy[g.y_site(i, j) + yoff[km[k]] + n];
+            if (i < 0 || j < 0 || i >= g.SH || j >= g.SW) return (const T*)nullptr;
+            return dy + g.y_site(i, j) + yoff[km[k]] + n;
         },
         [&](int r, int n, T val) {
             const int y0 = u * g.sh + rdy[r], x0 = v * g.sw + rdx[r];
@@ -158,8 +167,8 @@ __device__ void bwd_data_sites(const T* __restrict__ dy, const T* __restrict__ w
     T* bs = buf + (long long)local * R * g.N;
     gemm_tile<T, false, true>(
         R, g.N, M, blockIdx.y * TM, (blockIdx.x % tiles) * TN,
-        [&](int r, int m) { return ws[(long long)m * R + r]; },
-        [&](int m, int n) { return dys[yoff[m] + n]; },
+        [&](int r, int m) { return ws + (long long)m * R + r; },
+        [&](int m, int n) { return dys + yoff[m] + n; },
         [&](int r, int n, T v) { bs[(long long)r * g.N + n] = v; });
 }
 

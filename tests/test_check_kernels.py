@@ -236,3 +236,27 @@ def test_an_identical_compile_is_reused_and_an_edit_is_not(libs, tmp_path, monke
     check_kernels.run(archs=["sm_80"], sources=[src], log=lambda s: None)
     check_kernels.run(archs=["sm_80"], sources=[src], log=lambda s: None, cache=False)
     assert calls == ["sm_80"] * 3
+
+
+def test_every_tile_the_filter_wrapper_picks_is_a_checked_build():
+    """Each set of #defines the filter wrapper can pass (every tile, dtype and GEMM variant) is one of
+    filter.cu's builds that check-kernels compiles: an undeclared one would go unchecked for spills."""
+    import numpy as np
+
+    from cotsdl.ops.cuda import filter as cuda_filter
+
+    defaults = {"TM": 64, "TN": 64, "RM": 4, "RN": 4, "TK": 16, "GT_STAGES": 1}  # gemm_tile.cuh's
+
+    def norm(flags: dict) -> frozenset:
+        return frozenset((k, int(v)) for k, v in flags.items() if defaults.get(k) != int(v))
+
+    src = (backend.cuda_dir() / "filter.cu").read_text()
+    builds = {norm(dict(f[2:].split("=") for f in v)) for v in check_kernels.variants(src)}
+    picked = set()
+    for gemm in cuda_filter.VARIANTS:
+        for dtype in (np.float32, np.float64):
+            for m in (1, 16, 17, 32, 33, 64, 65, 127, 128, 129, 972):
+                for n in (1, 32, 33, 63, 64, 65, 96, 97, 128, 129, 192, 200):
+                    picked.add(norm(cuda_filter._tiles(m, n, dtype, gemm)))
+    assert picked <= builds, sorted(map(sorted, picked - builds))
+    assert any(dict(b).get("GT_STAGES") == 4 for b in picked)  # the variants were reached

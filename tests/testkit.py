@@ -47,6 +47,12 @@ FILTER_CASES = [  # (H, W, C, N), size, stride, block, K
     ((4, 5, 1, 128), (2, 3), (2, 1), (1, 1), 130),     # M = 130, N = 128: the 128 x 128 tile, a partial M tile
     ((9, 11, 2, 3), (2, 2), (3, 4), (1, 1), 2),        # strides past the field both ways: pixels no site covers
 ]
+#: Cases on the 128-row tiles with many K chunks (the GEMM variants' pipelines run full): forward
+#: R = 200 (13 chunks of 16), backward-weights N = 96, backward-data by sites M = 128.
+PIPELINE_CASES = [
+    ((7, 7, 8, 96), (5, 5), (2, 2), (2, 2), 32),       # 3 x 3 sites, M = 128, the 128 x 96 tile
+    FILTER_CASES[7],                                   # the 128 x 128 tile, a partial M tile
+]
 
 #: The CUDA backend's ways of backward-data (cotsdl/ops/cuda/filter.py), by sites in chunks too.
 BACKWARD_DATA_WAYS = ["cells", "sites", "sites, one row of sites at a time", "sites, two rows at a time"]

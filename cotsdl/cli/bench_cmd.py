@@ -48,6 +48,16 @@ def add_parser(sub) -> None:
                     help="also time the PyTorch (eager and compiled) and JAX formulations when importable, after "
                          "checking they compute the same function, and print speed ratios")
     la.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    gm = bsub.add_parser("gemm", help="the filter kernels' GEMM variants (registers, cp.async pipelines) against each "
+                                      "other and the planner's model of each, on a GPU (--backend cuda)")
+    gm.add_argument("--backend", choices=["cuda", "cuda-emu"], default="cuda",
+                    help="cuda (a GPU through CuPy) or cuda-emu (two tiny shapes on the emulator: proves the path)")
+    gm.add_argument("--shapes", metavar="NAMES", help="comma-separated shape names (default: paper,A,B,C,D-blocks)")
+    gm.add_argument("--variants", metavar="NAMES", help="comma-separated variants (default: all of "
+                    "cotsdl.ops.cuda.filter.VARIANTS)")
+    gm.add_argument("--repeats", type=int, default=8, help="interleaved rounds (default 8)")
+    gm.add_argument("--min-time", type=float, default=0.1, help="seconds of calls per variant at least (default 0.1)")
+    gm.add_argument("--json", metavar="FILE", help="write the results as JSON")
     sc = bsub.add_parser("scaling", help="training steps of a config on this many ranks: step time, images/s, "
                                          "compute vs exchange, overlap on and off (run under mpiexec -n P)")
     sc.add_argument("config", help="a training config (TOML); its network and batch are used")
@@ -121,7 +131,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     return {"exchange": _exchange, "emulator": _emulator, "layers": _layers, "scaling": _scaling, "fuse": _fuse,
-            "calibrate": _calibrate, "reduction": _reduction, "reader": _reader}[args.bench](args)
+            "calibrate": _calibrate, "reduction": _reduction, "reader": _reader, "gemm": _gemm}[args.bench](args)
 
 
 def _exchange(args) -> int:
@@ -160,6 +170,24 @@ def _layers(args) -> int:
         machine = load_machine(args.machine)
     res = layers.run(args.repeats, np.dtype(args.dtype), min_time=args.min_time, backend_name=args.backend,
                      peer=args.peer, shapes=args.shapes.split(",") if args.shapes else None, machine=machine)
+    return _written(args, res)
+
+
+def _gemm(args) -> int:
+    from .. import backend  # noqa: PLC0415
+    from ..bench import common, gemm  # noqa: PLC0415
+    from ..bench.layers import PAPER, SHAPES, TINY, _shape  # noqa: PLC0415
+    from ..bench.gemm import EMU_PIPELINE  # noqa: PLC0415
+
+    err = common.check_output_path(args.json)
+    if err is None and args.repeats < 1:
+        err = f"--repeats must be >= 1, got {args.repeats}"
+    if err:
+        raise ValueError(err)
+    backend.use(args.backend)
+    shapes = [_shape(s, [PAPER, TINY, EMU_PIPELINE] + SHAPES) for s in args.shapes.split(",")] if args.shapes else None
+    res = gemm.run(args.backend, shapes, args.repeats, args.min_time,
+                   variants=args.variants.split(",") if args.variants else None)
     return _written(args, res)
 
 

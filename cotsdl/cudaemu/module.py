@@ -67,11 +67,15 @@ class Function:
         order = order or os.environ.get("COTSDL_EMU_ORDER", "forward")
         if order not in ("forward", "reverse"):
             raise ValueError(f"thread order must be 'forward' or 'reverse', got {order!r} (COTSDL_EMU_ORDER)")
+        copies = os.environ.get("COTSDL_EMU_ASYNC", "late")
+        if copies not in ("late", "early"):
+            raise ValueError(f"COTSDL_EMU_ASYNC must be 'late' or 'early', got {copies!r}")
         threads = threads or int(os.environ.get("COTSDL_EMU_THREADS", "1"))
         if int(shared_mem) < 0:
             raise ValueError(f"kernel {self.name}: shared_mem must be >= 0, got {shared_mem}")
         keep, ptrs = self._marshal(args)
-        cfg = (ctypes.c_ulonglong * 9)(*g, *b, int(shared_mem), 1 if order == "reverse" else 0, threads)
+        cfg = (ctypes.c_ulonglong * 9)(*g, *b, int(shared_mem),
+                                           (order == "reverse") | (copies == "early") << 1, threads)
         if self._fn(cfg, ptrs) != 0:
             raise RuntimeError(f"cotsdl.cudaemu: {self.module._last_error()}")
         del keep

@@ -82,6 +82,13 @@ namespace cotsdl_emu {
 
 enum State { RUNNABLE, AT_BARRIER, AT_WARP, DONE };
 
+// An asynchronous copy to shared memory (cp_async) issued and not yet landed.
+struct AsyncCopy {
+    void* dst;
+    const void* src;
+    unsigned bytes;
+};
+
 struct Fiber {
     void* sp = nullptr;
 #ifndef COTSDL_EMU_ASM
@@ -95,6 +102,8 @@ struct Fiber {
     unsigned wmask = 0;
     unsigned long long wbits = 0, wresult = 0;
     char* stack = nullptr;
+    std::vector<AsyncCopy> copies;   // issued and not landed, in issue order
+    std::vector<size_t> group_ends;  // committed groups not yet waited for: end index into copies
 #ifdef COTSDL_EMU_ASAN
     void* fake_stack = nullptr;
 #endif
@@ -126,10 +135,39 @@ thread_local Fiber* current = nullptr;
 thread_local Block block;
 thread_local Worker* worker = nullptr;
 static thread_local size_t dyn_bytes = 0;
+// Asynchronous copies land at the earliest moment the PTX rules allow (at issue) instead of
+// the latest (when a cp_wait needs their group): set per launch (the launch's cfg[7] bit 1).
+static thread_local bool async_early = false;
 
 const uint3& thread_index() { return current->tid; }
 void* dynamic_shared() { return worker->shared; }
 unsigned lane_id() { return current->linear % 32u; }
+
+// cp.async's stand-in.  A copy lands either at issue (async_early) or as late as
+// cp.async.wait_group allows: when this thread waits for its group.  Reading the
+// destination before the wait then sees the old contents (a missing wait shows as a
+// wrong result), and with early landing a copy overwrites a buffer that other threads
+// may still be reading (a missing barrier before the reissue shows in one of the orders).
+static void land(const AsyncCopy& c) { std::memcpy(c.dst, c.src, c.bytes); }
+
+void cp_async(void* dst, const void* src, unsigned bytes) {
+    if (async_early) land({dst, src, bytes});
+    else current->copies.push_back({dst, src, bytes});
+}
+
+void cp_commit() {
+    if (!async_early) current->group_ends.push_back(current->copies.size());
+}
+
+void cp_wait(int pending) {
+    Fiber& f = *current;
+    if ((int)f.group_ends.size() <= pending) return;
+    const size_t n = f.group_ends.size() - (size_t)pending, end = f.group_ends[n - 1];
+    for (size_t i = 0; i < end; ++i) land(f.copies[i]);
+    f.copies.erase(f.copies.begin(), f.copies.begin() + (long)end);
+    f.group_ends.erase(f.group_ends.begin(), f.group_ends.begin() + (long)n);
+    for (size_t& e : f.group_ends) e -= end;
+}
 
 unsigned live_lanes() {
     const unsigned base = current->linear - current->linear % 32u;
@@ -308,6 +346,8 @@ static void prepare_stacks(Worker& w, int n) {
 
 static void init_fiber(Worker& w, Fiber& f) {
     f.state = RUNNABLE;
+    f.copies.clear();  // a copy a thread never waited for is dropped with it, as on a GPU whose kernel ended
+    f.group_ends.clear();
 #ifdef COTSDL_EMU_ASM
     uintptr_t top = ((uintptr_t)(f.stack + w.stack_size)) & ~(uintptr_t)15;
     uint64_t* sp = reinterpret_cast<uint64_t*>(top - 64);
@@ -398,7 +438,8 @@ static int launch(const char* kernel, const unsigned long long* cfg, const std::
     dim3 grid = {(unsigned)cfg[0], (unsigned)cfg[1], (unsigned)cfg[2]};
     dim3 bdim = {(unsigned)cfg[3], (unsigned)cfg[4], (unsigned)cfg[5]};
     size_t shared = (size_t)cfg[6];
-    int order = (int)cfg[7];
+    int order = (int)(cfg[7] & 1);
+    const bool early = (cfg[7] >> 1) & 1;
     int nthreads = std::max(1, (int)cfg[8]);
     unsigned long long nblocks = (unsigned long long)grid.x * grid.y * grid.z;
     int n = (int)(bdim.x * bdim.y * bdim.z);
@@ -419,6 +460,7 @@ static int launch(const char* kernel, const unsigned long long* cfg, const std::
         worker = &w;
         running_kernel = kernel;  // per OS thread, for error reports
         dyn_bytes = shared;
+        async_early = early;
         try {
             prepare_stacks(w, n);
             w.shared = static_cast<char*>(std::aligned_alloc(64, (cap + 63) / 64 * 64 + 64));

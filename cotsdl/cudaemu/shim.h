@@ -69,6 +69,9 @@ void syncwarp(unsigned mask);
 void* dynamic_shared();
 unsigned lane_id();
 unsigned live_lanes();
+void cp_async(void* dst, const void* src, unsigned bytes);  // cp.async's stand-in (runtime.h)
+void cp_commit();
+void cp_wait(int pending);
 enum { W_IDX = 0, W_UP, W_DOWN, W_XOR, W_BALLOT, W_ANY, W_ALL };
 }  // namespace cotsdl_emu
 

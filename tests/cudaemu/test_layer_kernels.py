@@ -11,7 +11,8 @@ import pytest
 from cotsdl import backend, ops
 from cotsdl.ops._dispatch import implementation
 from cotsdl.cudaemu import asan_environment
-from testkit import BACKWARD_DATA_WAYS, FILTER_CASES, backward_data_case
+from cotsdl.ops.cuda import filter as cuda_filter
+from testkit import BACKWARD_DATA_WAYS, FILTER_CASES, PIPELINE_CASES, backward_data_case
 
 ORDERS = ["forward", "reverse"]
 
@@ -68,6 +69,41 @@ def test_filter_kernels(case, dtype, order):
     close(*both(lambda: ops.local_filter_backward_weights(x, dy, size, stride, block, out=start.copy())), dtype)
     close(*both(lambda: ops.local_filter_backward_weights(x, dy, size, stride, block, out=start.copy(),
                                                          accumulate=True, also=(x2, dy2))), dtype)
+
+
+@pytest.mark.parametrize("copies", ["late", "early"])
+@pytest.mark.parametrize("order", ORDERS, indirect=True)
+@pytest.mark.parametrize("gemm", [v for v in cuda_filter.VARIANTS if v != "registers"])
+@pytest.mark.parametrize("case", PIPELINE_CASES)
+def test_filter_gemm_variants(case, gemm, order, copies, monkeypatch):
+    """Every cp.async pipeline of the 128-row tiles equals numpy, its copies landing as late (when
+    waited for) or as early (at issue) as PTX allows, in both thread orders: a missing wait or barrier
+    would read a stale or overwritten stage in one of them."""
+    monkeypatch.setenv("COTSDL_EMU_ASYNC", copies)
+    shape, size, stride, block, K = case
+    rng = np.random.default_rng(sum(shape) + 7)
+    H, W, C, N = shape
+    SH, SW = (H - size[0]) // stride[0] + 1, (W - size[1]) // stride[1] + 1
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((SH, SW, block[0] * block[1] * K, size[0], size[1], C)).astype(np.float32)
+    dy = rng.standard_normal((SH * block[0], SW * block[1], K, N)).astype(np.float32)
+    assert cuda_filter._tiles(block[0] * block[1] * K, N, np.float32, gemm)["GT_STAGES"] == cuda_filter.VARIANTS[gemm]
+    with cuda_filter.gemm_variant(gemm):
+        close(*both(lambda: ops.local_filter(x, w, stride, block)), np.float32)
+        monkeypatch.setattr(cuda_filter, "CELL_ROWS", 10**9)  # by sites: the (R x M)(M x N) products
+        close(*both(lambda: ops.local_filter_backward_data(dy, w, stride, block, input_shape=x.shape)), np.float32)
+        start = rng.standard_normal(w.shape).astype(np.float32)
+        close(*both(lambda: ops.local_filter_backward_weights(x, dy, size, stride, block, out=start.copy(),
+                                                             accumulate=True)), np.float32)
+
+
+def test_gemm_variant_names_are_checked():
+    with pytest.raises(ValueError, match="no GEMM variant 'async9'"):
+        with cuda_filter.gemm_variant("async9"):
+            pass
+    env = dict(os.environ, COTSDL_GEMM_VARIANT="fast")
+    r = subprocess.run([sys.executable, "-c", "import cotsdl.ops.cuda.filter"], env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "COTSDL_GEMM_VARIANT: no GEMM variant 'fast'" in r.stderr
 
 
 @pytest.mark.parametrize("way", BACKWARD_DATA_WAYS)

@@ -2,55 +2,79 @@
 # The GPU checks in one go, on a machine with a CUDA device and CuPy but no network
 # (a lent GPU machine, a cluster's GPU node):  bash tests/gpu/on_device.sh [STEP ...]
 # Runs from a source checkout without installing (PYTHONPATH), with the python3 that holds
-# CuPy.  Steps, in order of importance (each under its own time limit, so one hang costs
-# only its step): env, kernels (tests/gpu/test_gpu_kernels.py), bench (cotsdl bench
-# layers --backend cuda, JSON too), evaluate (tests/gpu/test_evaluate_gpu.py), mpi
-# (tests/mpi/test_gpu_exchange.py on 2 ranks, where mpiexec exists), sanitizer
-# (compute-sanitizer memcheck and racecheck on a few kernel cases, where installed), and
-# demo, not run by default: the main job (jobs/local.sh) on the GPU, one rank: trains
-# jobs/configs/demo.toml and its no-faces control with the cuda backend, evaluates, and
-# copies report.md (the datasets: data/demo/, built here if missing; $DEMO_SET: more
-# `cotsdl train` options).
-# Logs go to $OUT (default ./gpu-out); the last lines printed are one status per step.
+# CuPy (and PyTorch, for the peers).  Default steps, in order of importance, each under its
+# own time limit and all within $BUDGET seconds (default 540: a step gets what is left, so a
+# slow one costs only the steps after it):
+#   env        the device, driver, CuPy, PyTorch, MPI
+#   gemm       cotsdl bench gemm: the filter GEMM's variants (registers, cp.async pipelines)
+#              against each other and the planner's model -> gemm.json
+#   kernels    the GPU suite, tests/gpu/test_gpu_kernels.py (every kernel and variant vs numpy)
+#   layers     cotsdl bench layers --backend cuda --peer: every pass beside PyTorch on the same
+#              GPU -> layers.json
+#   step       cotsdl bench step: the demo's training step eager and as a CUDA graph, and the
+#              185M-parameter config's step time and memory against cotsdl plan -> step-*.json
+#   racecheck  compute-sanitizer racecheck on the cp.async pipelines (where it works)
+# Not by default: evaluate (tests/gpu/test_evaluate_gpu.py), mpi (the two-rank exchange of
+# CuPy arrays, tests/mpi/test_gpu_exchange.py), memcheck, and demo (the main job's training and
+# evaluation on the GPU, one rank; $DEMO_SET: more `cotsdl train` options).
+# Output: $OUT (default ./gpu-out) gets the JSON files, summary.txt and logs.tgz (one log per
+# step), few files, so that a lent machine's limit on returned files keeps them all; the last
+# lines printed are one status per step.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
-mkdir -p "$OUT"
+LOGS=${LOGS:-/tmp/cotsdl-gpu-logs}
+BUDGET=${BUDGET:-540}
+mkdir -p "$OUT" "$LOGS"
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
 # The numpy references run the numpy path: no native C++ build on this machine.
 export COTSDL_NATIVE=${COTSDL_NATIVE:-0} COTSDL_KERNEL_CACHE=${COTSDL_KERNEL_CACHE:-/tmp/cotsdl-kernels}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 MPIEXEC_TIMEOUT=60
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(env kernels bench evaluate mpi sanitizer)
+[ ${#steps[@]} -eq 0 ] && steps=(env gemm kernels layers step racecheck)
 summary=()
-step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log, remember the status
-    local name=$1 limit=$2 t0=$SECONDS rc
+step() {  # step NAME SECONDS COMMAND...: run with min(SECONDS, what the budget leaves), log to $LOGS/NAME.log
+    local name=$1 limit=$2 t0=$SECONDS rc left
     shift 2
-    echo "== $name (limit ${limit}s): $*"
-    timeout -k 5 "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1
+    left=$((BUDGET - SECONDS - 15))
+    if [ "$left" -lt 20 ]; then
+        summary+=("$(printf '%-12s skipped: the budget of %ss is spent' "$name" "$BUDGET")")
+        return
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    echo "== $name (limit ${limit}s, at ${SECONDS}s): $*"
+    timeout -k 5 "$limit" "$@" > >(tee "$LOGS/$name.log") 2>&1
     rc=$?
-    summary+=("$(printf '%-10s status %3d  %4ds' "$name" "$rc" $((SECONDS - t0)))")
+    summary+=("$(printf '%-12s status %3d  %4ds' "$name" "$rc" $((SECONDS - t0)))")
 }
 KCASES='float32 and (case0 or case3 or case7)'
 for s in "${steps[@]}"; do
     case $s in
-    env) step env 60 bash -c "nvidia-smi; $PY -c 'import sys, numpy, cupy; print(sys.version); \
+    env) step env 40 bash -c "nvidia-smi; $PY -c 'import sys, numpy, cupy; print(sys.version); \
 print(\"numpy\", numpy.__version__, \"cupy\", cupy.__version__, \"CUDA runtime\", cupy.cuda.runtime.runtimeGetVersion(), \
-\"driver\", cupy.cuda.runtime.driverGetVersion())'; $PY -c 'from mpi4py import MPI; print(MPI.Get_library_version())'; \
+\"driver\", cupy.cuda.runtime.driverGetVersion())'; $PY -c 'import torch; print(\"torch\", torch.__version__, torch.cuda.is_available())'; \
+$PY -c 'from mpi4py import MPI; print(MPI.Get_library_version())'; git log -1 --format='commit %H %s' 2>/dev/null; \
 command -v mpiexec compute-sanitizer g++ || true" ;;
-    kernels) step kernels 180 "$PY" -m pytest tests/gpu/test_gpu_kernels.py -q -rfE -n 4 --timeout 150 ;;
-    bench) step bench 200 "$PY" -m cotsdl bench layers --backend cuda --json "$OUT/layers-cuda.json" ;;
+    gemm) step gemm 150 "$PY" -m cotsdl bench gemm --backend cuda --json "$OUT/gemm.json" ;;
+    kernels) step kernels 150 "$PY" -m pytest tests/gpu/test_gpu_kernels.py -q -rfE -n 8 --timeout 140 ;;
+    layers) step layers 170 "$PY" -m cotsdl bench layers --backend cuda --peer --json "$OUT/layers.json" ;;
+    step) step step-demo 90 "$PY" -m cotsdl bench step jobs/configs/demo.toml --backend cuda --graph both \
+              --json "$OUT/step-demo.json"
+          step step-paper 90 "$PY" -m cotsdl bench step jobs/configs/paper-185m.toml --backend cuda --graph off \
+              --json "$OUT/step-paper.json" ;;
+    racecheck) if command -v compute-sanitizer > /dev/null; then
+            step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 9 "$PY" -m pytest \
+                tests/gpu/test_gpu_kernels.py -q -rfE -n 0 --timeout 55 -k "gemm_variants and case1"
+        else summary+=("racecheck    skipped: no compute-sanitizer"); fi ;;
     evaluate) step evaluate 200 "$PY" -m pytest tests/gpu/test_evaluate_gpu.py -q -rfE -n 0 ;;
     mpi) if command -v mpiexec > /dev/null; then
             step mpi 90 mpiexec -n 2 "$PY" -m mpi4py tests/mpi_pytest.py tests/mpi/test_gpu_exchange.py -q -rfE
-        else summary+=("mpi        skipped: no mpiexec"); fi ;;
-    sanitizer) if command -v compute-sanitizer > /dev/null; then
-            for tool in memcheck racecheck; do
-                step "$tool" 120 compute-sanitizer --tool "$tool" --error-exitcode 9 "$PY" -m pytest \
-                    tests/gpu/test_gpu_kernels.py -q -rfE -n 0 --timeout 110 -k "$KCASES"
-            done
-        else summary+=("sanitizer  skipped: no compute-sanitizer"); fi ;;
+        else summary+=("mpi          skipped: no mpiexec"); fi ;;
+    memcheck) if command -v compute-sanitizer > /dev/null; then
+            step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$PY" -m pytest \
+                tests/gpu/test_gpu_kernels.py -q -rfE -n 0 --timeout 110 -k "$KCASES"
+        else summary+=("memcheck     skipped: no compute-sanitizer"); fi ;;
     demo) mkdir -p data/demo
         [ -f data/demo/natural.h5 ] || "$PY" -m cotsdl prepare-data natural data/demo/natural.h5 --count 4096 \
             --size 32 32 --seed 0 --face-fraction 0.5
@@ -69,5 +93,6 @@ command -v mpiexec compute-sanitizer g++ || true" ;;
     *) echo "unknown step $s" >&2; exit 2 ;;
     esac
 done
+tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
 echo "== summary"
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

@@ -6,7 +6,7 @@ import pytest
 
 from cotsdl.array import boxcopy
 from cotsdl.array.box import Box
-from testkit import BACKWARD_DATA_WAYS, FILTER_CASES, backward_data_case
+from testkit import BACKWARD_DATA_WAYS, FILTER_CASES, PIPELINE_CASES, backward_data_case
 
 HERE = Path(__file__).resolve().parent.parent / "cudaemu"
 
@@ -132,3 +132,31 @@ def test_backward_weights_into_out_on_device(cp, dtype):
                                                     also=None if also is None else tuple(cp.asarray(a) for a in also))
             assert got is out
             assert float(np.abs(cp.asnumpy(got) - ref).max()) <= tol * float(np.abs(ref).max())
+
+
+@pytest.mark.parametrize("gemm", ["async2", "async3", "async4"])
+@pytest.mark.parametrize("case", PIPELINE_CASES + FILTER_CASES[5:8])
+def test_gemm_variants_on_device_equal_numpy(cp, case, gemm, monkeypatch):
+    """The cp.async pipelines of the 128-row tiles (cuda/gemm_tile.cuh) on the device, every pass."""
+    from cotsdl import ops
+    from cotsdl.ops.cuda import filter as cuda_filter
+
+    (H, W, C, N), size, stride, block, K = case
+    rng = np.random.default_rng(3)
+    SH, SW = (H - size[0]) // stride[0] + 1, (W - size[1]) // stride[1] + 1
+    x = rng.standard_normal((H, W, C, N)).astype(np.float32)
+    w = rng.standard_normal((SH, SW, block[0] * block[1] * K, size[0], size[1], C)).astype(np.float32)
+    dy = rng.standard_normal((SH * block[0], SW * block[1], K, N)).astype(np.float32)
+
+    def same(dev, host):
+        assert float(np.abs(cp.asnumpy(dev) - host).max()) <= 1e-5 * max(float(np.abs(host).max()), 1e-30)
+
+    X, W_, DY = cp.asarray(x), cp.asarray(w), cp.asarray(dy)
+    monkeypatch.setattr(cuda_filter, "CELL_ROWS", 10**9)  # backward-data by sites: the (R x M)(M x N) products
+    with cuda_filter.gemm_variant(gemm):
+        same(ops.local_filter(X, W_, stride, block), ops.local_filter(x, w, stride, block))
+        same(ops.local_filter_backward_data(DY, W_, stride, block, input_shape=x.shape),
+             ops.local_filter_backward_data(dy, w, stride, block, input_shape=x.shape))
+        start = rng.standard_normal(w.shape).astype(np.float32)
+        same(ops.local_filter_backward_weights(X, DY, size, stride, block, out=cp.asarray(start), accumulate=True),
+             ops.local_filter_backward_weights(x, dy, size, stride, block, out=start.copy(), accumulate=True))

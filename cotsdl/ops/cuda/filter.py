@@ -9,8 +9,10 @@ of sh x sw pixels, one product over the candidate sites (``filter_bwd_data``).
 device buffers between calls already."""
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -43,13 +45,61 @@ def sites_rows(SH: int, SW: int, R: int, N: int, itemsize: int) -> int:
     return max(1, min(SH, SITES_BUFFER_BYTES // max(1, SW * R * N * itemsize)))
 
 
-def _tiles(m: int, n: int, dtype: Any = np.float32) -> dict[str, int]:
+#: How the 128-row float32 tiles load their K chunks (cuda/gemm_tile.cuh, "Loading"): the variant's
+#: name -> GT_STAGES.  "registers": through registers, two barriers a chunk (the kernels timed on the
+#: H100); "asyncS": a cp.async pipeline of S chunks in shared memory.  The default stays the one a GPU
+#: measured fastest (cuda/README.md); ``COTSDL_GEMM_VARIANT`` or :func:`gemm_variant` picks another.
+VARIANTS = {"registers": 1, "async2": 2, "async3": 3, "async4": 4}
+DEFAULT_VARIANT = "registers"
+#: Static shared memory a block may have (gemm_tile.cuh checks the same bound)
+_SHARED_BYTES = 48 * 1024
+
+
+def _checked_variant(name: str, where: str) -> str:
+    if name not in VARIANTS:
+        raise ValueError(f"{where}: no GEMM variant {name!r}; the variants are {', '.join(VARIANTS)}")
+    return name
+
+
+_variant = _checked_variant(os.environ.get("COTSDL_GEMM_VARIANT", DEFAULT_VARIANT), "COTSDL_GEMM_VARIANT")
+
+
+def variant() -> str:
+    """The GEMM variant the filter kernels are launched with now."""
+    return _variant
+
+
+@contextmanager
+def gemm_variant(name: str) -> Iterator[str]:
+    """Launch the filter kernels with GEMM variant ``name`` (a key of :data:`VARIANTS`) inside the block."""
+    global _variant
+    before, _variant = _variant, _checked_variant(name, "gemm_variant")
+    try:
+        yield name
+    finally:
+        _variant = before
+
+
+def _stage_depth(tm: int, tn: int, stages: int, itemsize: int) -> int:
+    """TK for ``stages`` chunks of a tm x tn tile in the static shared memory: 16 if they fit, else 8."""
+    return 16 if stages * 16 * (tm + 4 + tn + 4) * itemsize <= _SHARED_BYTES else 8
+
+
+def _tiles(m: int, n: int, dtype: Any = np.float32, gemm: str | None = None) -> dict[str, int]:
     """GEMM tile for an (m x k)(k x n) product: small products get small tiles so fewer
     threads idle; large float32 ones 128-row tiles with 8 x RN outputs per thread (more
-    FMAs per shared-memory read), TN chosen to waste the fewest columns of n."""
+    FMAs per shared-memory read), TN chosen to waste the fewest columns of n, loaded as GEMM
+    variant ``gemm`` says (default: :func:`variant`; the small tiles always through registers)."""
     if m >= 128 and n >= 64 and np.dtype(dtype) == np.float32:
         tn = min((64, 96, 128), key=lambda t: (-(-n // t) * t - n, -t))
-        return {"TM": 128, "TN": tn, "RM": 8, "RN": tn // 16}
+        t = {"TM": 128, "TN": tn, "RM": 8, "RN": tn // 16}
+        stages = VARIANTS[gemm or _variant]
+        if stages > 1:  # the "check-kernels variant" lines of filter.cu build exactly these
+            t["GT_STAGES"] = stages
+            tk = _stage_depth(128, tn, stages, 4)
+            if tk != 16:
+                t["TK"] = tk
+        return t
     return {"TM": 16 if m <= 16 else 32 if m <= 32 else 64, "TN": 32 if n <= 32 else 64, "RM": 4, "RN": 4}
 
 

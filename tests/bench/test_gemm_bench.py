@@ -1,0 +1,37 @@
+"""``cotsdl bench gemm`` on the emulator: every variant runs, agrees with the default, and is reported."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from cotsdl.bench import gemm
+from cotsdl.ops.cuda import filter as cuda_filter
+
+
+def test_every_variant_runs_and_agrees_on_the_emulator(tmp_path):
+    out = tmp_path / "g.json"
+    r = subprocess.run([sys.executable, "-m", "cotsdl", "bench", "gemm", "--backend", "cuda-emu", "--shapes",
+                        "emu-tiny,emu-128", "--repeats", "1", "--min-time", "0", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert [row["shape"] for row in res["results"]] == ["emu-tiny", "emu-128"]
+    tiny, big = res["results"]
+    for row in res["results"]:
+        assert set(row["passes"]) == set(gemm.PASSES)
+        for p in row["passes"].values():
+            assert set(p["variants"]) == set(cuda_filter.VARIANTS)
+            assert all(v["agrees"] and v["seconds"] > 0 for v in p["variants"].values())
+            assert p["fastest"] in cuda_filter.VARIANTS
+    # on the small tiles every variant is the registers kernel; on the 128-row ones each its own
+    assert all(v["same_kernel_as"] == "registers" for p in tiny["passes"].values()
+               for k, v in p["variants"].items() if k != "registers")
+    assert all(v["same_kernel_as"] is None and v["tile"].get("GT_STAGES", 1) == cuda_filter.VARIANTS[k]
+               for p in big["passes"].values() for k, v in p["variants"].items())
+
+
+def test_a_variant_that_does_not_exist_is_named(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "cotsdl", "bench", "gemm", "--backend", "cuda-emu", "--variants",
+                        "registers,async7"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "no variant 'async7'" in r.stderr
