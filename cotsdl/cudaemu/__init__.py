@@ -16,8 +16,13 @@ C-contiguous NumPy array of the right dtype, a scalar the exact NumPy type
 ``long long``).  Supported: ``__shared__`` and one ``extern __shared__`` array per
 kernel (declared inside it), ``__syncthreads`` and its count/and/or forms,
 ``__syncwarp``, ``__shfl*_sync``, ``__ballot_sync``/``__any_sync``/``__all_sync``,
-atomics, ``__ldg``, the common math intrinsics, vector types.  Blocks run one after
-another (``COTSDL_EMU_THREADS=n`` spreads them over n OS threads).
+atomics, ``__ldg``, the common math intrinsics, vector types, and a functional stand-in
+for ``cp.async`` (the kernels call ``cotsdl_emu::cp_async``, ``cp_commit`` and ``cp_wait``
+where a GPU build has the inline PTX, as ``cuda/gemm_tile.cuh`` does under
+``COTSDL_CUDAEMU``): a copy lands when its thread waits for its group (``cp_wait``, the
+latest moment ``cp.async.wait_group`` allows), or with ``COTSDL_EMU_ASYNC=early`` at issue
+(the earliest), so that a missing wait or barrier shows as a wrong result in one of the two.
+Blocks run one after another (``COTSDL_EMU_THREADS=n`` spreads them over n OS threads).
 
 Debugging aids: ``COTSDL_EMU_ORDER=reverse`` (or ``order="reverse"``) runs the
 threads of a block in reverse order, so a missing ``__syncthreads`` shows up as a
@@ -38,7 +43,8 @@ thread orders); static ``__shared__`` arrays are not poisoned (they start at zer
 keep the previous block's values), only dynamic shared memory is; ``__activemask``
 returns the lanes that have not exited, since the emulator cannot tell which lanes a
 GPU would have converged; the thread schedule is not the GPU's, so spin-waits on
-other threads never end; no inline PTX, half/bfloat16 types, textures, cooperative
+other threads never end; ``cp.async`` only through the stand-in above (a copy in flight
+is never observed half-landed, and bank conflicts or timing are not modelled); no inline PTX, half/bfloat16 types, textures, cooperative
 groups or ``extern __shared__`` at file scope; kernels must be ``extern "C"``; and g++
 accepts some code that NVRTC rejects, which is why ``cotsdl check-kernels`` compiles
 every kernel with NVRTC too.
