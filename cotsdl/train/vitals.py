@@ -55,7 +55,7 @@ def active_array(h: Any) -> Any:
     """:func:`active` as a 0-d array of ``h``'s library, read by nobody yet: one pass over all of
     ``h`` (no early answer), for device work that must not wait for the host (a captured graph)."""
     xp = backend.array_module(h)
-    return xp.asarray(False) if h.size == 0 else _varies(xp, h, h.shape[-1])
+    return xp.zeros((), bool) if h.size == 0 else _varies(xp, h, h.shape[-1])  # (no upload: capturable)
 
 
 def _varies(xp: Any, part: Any, n: int) -> Any:
