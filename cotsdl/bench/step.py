@@ -96,6 +96,7 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
     trainers: dict[bool, GreedyTrainer] = {}
     rows: dict[bool, dict[str, Any]] = {}
     weights: dict[bool, np.ndarray] = {}
+    replays: dict[bool, int] = {}
     for g in GRAPH_SETTINGS[graph]:
         base = _fresh_pool(xp)
         tr = GreedyTrainer(network, InMemorySource(images), make_optimizer(), comm=comm, batch=batch, grid=(1, 1),
@@ -121,18 +122,19 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
         mem["graph_pool_bytes"] = tr.graph.pool_bytes()
         row["memory"] = mem
         row["launch"] = tr.graph.describe()
-        weights[g] = _weights(tr, stage)
         rows[g] = row
-        if row["available"]:
+        if row["available"]:  # (a failed capture's steps were eager: nothing to compare)
+            weights[g], replays[g] = _weights(tr, stage), tr.graph.replays
             trainers[g] = tr
     check = None
     if len(weights) == 2:
         a, b = weights[False], weights[True]
         diff = float(np.max(np.abs(a - b))) if a.size else 0.0
-        check = {"steps": check_steps, "allclose": bool(np.allclose(a, b, rtol=1e-5, atol=1e-6)),
+        check = {"steps": check_steps, "graph_replays": replays[True], "allclose": bool(np.allclose(a, b, rtol=1e-5, atol=1e-6)),
                  "identical": bool(np.array_equal(a, b)), "max_abs_diff": diff,
                  "max_abs_weight": float(np.max(np.abs(a))) if a.size else 0.0}
-        say(f"check: {check_steps} steps through the graph vs eager from the same start: weights "
+        say(f"check: {check_steps} steps ({replays[True]} of them graph replays) vs {check_steps} eager steps from the "
+            "same start: weights "
             f"{'identical' if check['identical'] else 'allclose' if check['allclose'] else 'DIFFER'} "
             f"(max |diff| {diff:.3g}, max |w| {check['max_abs_weight']:.3g})")
 
@@ -155,7 +157,8 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
             lo, hi, cov = median_interval(m["round_s"])
             row.update(step_s=m["step_s"], interval_s=[lo, hi], coverage=cov, round_s=m["round_s"],
                        images_per_s=batch / m["step_s"], steps=m["steps"], loss=m["loss"],
-                       launch=trainers[g].graph.describe())
+                       launch=trainers[g].graph.describe(), graph_captures=trainers[g].graph.captures,
+                       graph_replays=trainers[g].graph.replays)
         mem = (row.get("memory") or {})
         measured_mem = mem.get("step_bytes") if mem.get("kind") == "cupy-pool" else mem.get("reserved_bytes")
         row["predicted"] = pred

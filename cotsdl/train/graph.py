@@ -49,6 +49,7 @@ class DeviceGraph:
         self.replays = self.captures = 0
         self._key: Any = None
         self._held: Any = None
+        self._input: Any = None
         self._calls = 0
         self._graph: Any = None
         self._out: Any = None
@@ -65,6 +66,16 @@ class DeviceGraph:
         """Bytes the graph's private memory pool holds (0 without one)."""
         return int(self._pool.total_bytes()) if self._pool is not None else 0
 
+    def fixed(self, x: Any) -> Any:
+        """``x`` itself eagerly; with the graph, ``x`` copied into one array kept at one address (the
+        graph reads its input where it was at capture; another shape or dtype captures again)."""
+        if not self.active:
+            return x
+        if self._input is None or self._input.shape != x.shape or self._input.dtype != x.dtype:
+            self._input = backend.array_module(x).empty_like(x)
+        backend.array_module(x).copyto(self._input, x)
+        return self._input
+
     def run(self, key: Any, fn: Callable[[], Any], hold: Any = None) -> Any:
         """``fn()``'s result: eagerly, or by replaying the graph captured for ``key``.  ``hold``: what
         the key names (e.g. arrays by ``id``), kept referenced while the key is current so that no
@@ -72,6 +83,7 @@ class DeviceGraph:
         if not self.active:
             return fn()
         cp = backend.cupy_module()
+        key = (key, id(self._input))
         if key != self._key:  # another stage, other weights: warm up and capture again
             self._key, self._held, self._calls, self._graph, self._out = key, hold, 0, None, None
         if self._stream is None:

@@ -96,11 +96,9 @@ class GreedyTrainer:
         ``"auto"``: where the run planner predicts a gain on this machine (without a calibration:
         none), decided once on rank 0 (:func:`cotsdl.planner.fuse.choose_fuse`); ``fuse_reason`` says why.
     graph : bool
-        Launch each step's device work (the frozen stages' forward, the objective's forward and
-        backward) as one captured CUDA graph, replayed step after step (:mod:`cotsdl.train.graph`; the
-        same results as eagerly).  Only on the ``cuda`` backend; elsewhere, or where capture fails,
-        the work runs eagerly and ``graph_reason`` says why.  The update, the checks and the replicas'
-        gradient sum stay eager (they read the host).
+        Launch each step's device work (frozen stages' forward, the objective's forward and backward) as
+        one captured CUDA graph (:mod:`cotsdl.train.graph`; cuda backend only, else or where capture fails
+        eager, ``trainer.graph.reason`` says why); the update, the checks and the gradient sum stay eager.
     fuse_filter : "auto", "on", "off" or stage indices
         Fused stages whose filter joins their pool and LCN while frozen (``NetworkPlan(fuse_filter=...)``):
         the forward of the stages below the trained one exchanges each stage's input once, computing the
@@ -237,7 +235,6 @@ class GreedyTrainer:
         self._read_wait = 0.0  # seconds the last step waited for its minibatch (this rank)
         #: how a step's device work is launched: eagerly, or as a captured CUDA graph
         self.graph = DeviceGraph(bool(graph))
-        self._images: Any = None  # with the graph, the step's images at one address (what it reads)
 
     @staticmethod
     def _checkpoint_bytes(network: Network, optimizer: Optimizer, dtype: np.dtype, tied: bool) -> int:
@@ -275,8 +272,7 @@ class GreedyTrainer:
 
     # -- one step -----------------------------------------------------------------
     def _read_images(self) -> Any:
-        """This rank's block of the step's images on the backend's device (with the graph: copied into
-        the one array the graph reads)."""
+        """This rank's block of the step's images on the backend's device (with the graph: in the array it reads)."""
         first = self.position + self.decomposition.replica * self.batch
         err, x = None, None
         try:
@@ -286,12 +282,7 @@ class GreedyTrainer:
             want = self.plan.input_owned.shape
             if tuple(xb.shape) != want:
                 raise ValueError(f"the source returned shape {tuple(xb.shape)}, expected {want}")
-            x = self.xp.ascontiguousarray(self.xp.asarray(xb), dtype=self.plan.dtype)
-            if self.graph.active:
-                if self._images is None or self._images.shape != x.shape or self._images.dtype != x.dtype:
-                    self._images = self.xp.empty_like(x)
-                self.xp.copyto(self._images, x)
-                x = self._images
+            x = self.graph.fixed(self.xp.ascontiguousarray(self.xp.asarray(xb), dtype=self.plan.dtype))
             if hasattr(self.data, "prefetch"):  # the next step's images, read while this one computes
                 self.data.prefetch(first + self.batch * self.replicas, self.batch, self.plan.input_owned)
         except Exception as e:  # noqa: BLE001 - reported on every rank below
@@ -313,12 +304,6 @@ class GreedyTrainer:
         parts, dw, dwd = objective.value_and_grad(x, self.params[li], self.decoders[li], pending=self.graph.active)
         return parts, {"w": dw, "w_dec": dwd}
 
-    def _graph_key(self, stage: int) -> tuple:
-        """What a captured step depends on besides its images' values: the stage, the frozen weights'
-        halo version, the arrays it reads and writes (a replaced array means another graph)."""
-        arrays = (self._images, *self.params.values(), *self.decoders.values())
-        return (stage, self._frozen_version, tuple(id(a) for a in arrays)), arrays
-
     def _train_step(self, stage: int, objective: StageObjective, last: bool = False) -> dict[str, Any]:
         t0 = time.perf_counter()
         ex0 = sum(e.seconds for e in self.plan.exchanges())
@@ -328,8 +313,9 @@ class GreedyTrainer:
         # gradients are the plan's buffers): the same memory every step, whatever malloc does.
         with self.plan.step(), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             images = self._read_images()  # non-finite steps are handled below
-            key, arrays = self._graph_key(stage)
-            parts, grads = self.graph.run(key, lambda: self._device_step(stage, objective, images), hold=arrays)
+            held = (*self.params.values(), *self.decoders.values())  # a replaced weight array: another graph
+            parts, grads = self.graph.run((stage, self._frozen_version, tuple(map(id, held))),
+                                          lambda: self._device_step(stage, objective, images), hold=held)
             parts = objective.loss(parts)
         losses = np.array([parts.total, parts.reconstruction, parts.sparsity, parts.signal, parts.pooled])
         if self.replicas > 1:
