@@ -39,7 +39,9 @@ def _memory(xp: Any) -> dict[str, Any]:
     else the process's peak resident memory."""
     if xp is not np:
         pool = xp.get_default_memory_pool()
-        return {"kind": "cupy-pool", "reserved_bytes": int(pool.total_bytes()), "used_bytes": int(pool.used_bytes())}
+        free, total = xp.cuda.runtime.memGetInfo()  # the whole device: every pool, the context, other processes
+        return {"kind": "cupy-pool", "reserved_bytes": int(pool.total_bytes()), "used_bytes": int(pool.used_bytes()),
+                "device_used_bytes": int(total - free)}
     return {"kind": "peak-rss", "reserved_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024,
             "used_bytes": None}
 

@@ -190,6 +190,7 @@ def capture_stub(monkeypatch):
         cp.cuda.using_allocator = lambda fn=None: contextlib.nullcontext()
         cp.cuda.runtime.streamCaptureModeRelaxed = 0
         cp.get_default_memory_pool = Pool
+        cp.cuda.runtime.memGetInfo = lambda: (1 << 30, 2 << 30)
         for name, what in (("__float__", "float()"), ("__bool__", "bool()"), ("__int__", "int()"),
                            ("get", "a copy to the host"), ("item", "item()")):
             real = getattr(DeviceArray, name)
@@ -207,15 +208,40 @@ def capture_stub(monkeypatch):
         yield counts
 
 
-def _trainer(graph, tied=True):
+def _network():
     from cotsdl.nn.layers import LCN, L2Pool, LocalFilter
     from cotsdl.nn.network import Network, Stage
 
-    net = Network((10, 10, 1), [Stage(LocalFilter((3, 3), (1, 1), 3), L2Pool((2, 2), (2, 2), 0.01), LCN(3, 1.0)),
-                                Stage(LocalFilter((2, 2), (1, 1), 2), L2Pool((2, 2), (1, 1), 0.01), LCN(3, 1.0))])
+    return Network((10, 10, 1), [Stage(LocalFilter((3, 3), (1, 1), 3), L2Pool((2, 2), (2, 2), 0.01), LCN(3, 1.0)),
+                                 Stage(LocalFilter((2, 2), (1, 1), 2), L2Pool((2, 2), (1, 1), 0.01), LCN(3, 1.0))])
+
+
+def _trainer(graph, tied=True):
     images = np.random.default_rng(1).standard_normal((8, 10, 10, 1)).astype(np.float32)
-    return GreedyTrainer(net, InMemorySource(images), Adam(lr=0.01), comm=MPI.COMM_SELF, batch=4, grid=(1, 1),
+    return GreedyTrainer(_network(), InMemorySource(images), Adam(lr=0.01), comm=MPI.COMM_SELF, batch=4, grid=(1, 1),
                          overlap=False, log_every=0, log=io.StringIO(), graph=graph, tied=tied, filter_norm="auto")
+
+
+def test_bench_on_the_stand_in_device_checks_times_and_compares_both_settings(monkeypatch):
+    from cotsdl.bench import step
+
+    pred = {"seconds": 1e-3, "memory_bytes": 2.0 ** 20, "device_memory_bytes": 2.0 ** 30, "fits": True}
+    log = io.StringIO()
+    with capture_stub(monkeypatch):
+        res = step.run(MPI.COMM_SELF, _network(), lambda: Adam(lr=0.01), batch=4, stage=1, steps=4, rounds=2,
+                       check_steps=WARMUP + 2, predict=lambda: pred, machine="h200-ndr", log=log, filter_norm="auto")
+    check = res["check"]
+    assert check["graph_replays"] == 2 and check["allclose"], check
+    rows = {r["graph"]: r for r in res["results"]}
+    for g, r in rows.items():
+        assert r["available"] and r["step_s"] > 0 and len(r["round_s"]) == 2 and r["steps"] == 4
+        assert r["memory"]["kind"] == "cupy-pool" and r["memory"]["device_used_bytes"] == 1 << 30
+        assert r["time_ratio"] == pytest.approx(1e-3 / r["step_s"])
+    assert rows[True]["graph_captures"] == 1 and rows[True]["graph_replays"] == 2 + 3 + 4  # check, warm-up, timed
+    assert "CUDA graph" in rows[True]["launch"] and rows[False]["launch"] == "eager"
+    ratios = [e / g for e, g in zip(rows[False]["round_s"], rows[True]["round_s"])]
+    assert res["speedup"]["value"] == pytest.approx(np.median(ratios))
+    assert "graph speed-up" in log.getvalue() and "planner on h200-ndr" in log.getvalue()
 
 
 @pytest.mark.parametrize("tied", [True, False])
