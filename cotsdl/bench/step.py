@@ -141,7 +141,19 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
             f"(max |diff| {diff:.3g}, max |w| {check['max_abs_weight']:.3g})")
 
     # Timing: the settings that run, interleaved by round (ABBA...).
-    timing = timed_rounds(comm, trainers, stage, steps, warmup, rounds) if trainers else {}
+    timing, timing_error = {}, None
+    while trainers:
+        try:
+            timing = timed_rounds(comm, trainers, stage, steps, warmup, rounds)
+            break
+        except Exception as e:  # noqa: BLE001 - reported; the eager step is timed alone, if it still can be
+            timing_error = f"timing failed with {'the graph' if True in trainers else 'the eager step'}: " \
+                           f"{type(e).__name__}: {e}"
+            say(timing_error)
+            if True not in trainers:
+                break
+            rows[True].update(available=False, reason=timing_error)
+            trainers.pop(True)
     pred = None
     if predict is not None:
         try:
@@ -195,5 +207,6 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
         + ("the CuPy pools' bytes the setting reserved (its high-water mark), graph pool included"
            if xp is not np else "the process's peak resident memory so far (both settings, the process itself)"))
     return {"benchmark": "step", "backend": name, "stage": stage, "batch": batch, "steps": steps, "warmup": warmup,
-            "rounds": rounds, "graph": graph, "check": check, "speedup": speedup, "predicted": pred,
+            "rounds": rounds, "graph": graph, "check": check, "timing_error": timing_error, "speedup": speedup,
+            "predicted": pred,
             "results": results}

@@ -91,7 +91,11 @@ class DeviceGraph:
         if self._graph is None:
             self._calls += 1
             if self._calls <= self.warmup:
-                return self._on_side_stream(cp, fn)
+                try:
+                    return self._on_side_stream(cp, fn)
+                except Exception as e:  # noqa: BLE001 - reported; the work is run again eagerly (it only computes)
+                    self.reason = f"warm-up on the capture stream failed: {type(e).__name__}: {e}"
+                    return fn()
             try:
                 self._capture(cp, fn)
             except Exception as e:  # noqa: BLE001 - reported, and the step runs eagerly

@@ -281,6 +281,17 @@ def test_a_failed_capture_is_reported_and_the_step_runs_eagerly(monkeypatch):
     assert tr.graph.describe().startswith("eager (capture failed")
 
 
+def test_a_failed_warm_up_is_reported_and_the_step_runs_eagerly(monkeypatch):
+    with capture_stub(monkeypatch):
+        def no_allocator(fn=None):
+            raise RuntimeError("no such allocator")
+        monkeypatch.setattr(sys.modules["cupy"].cuda, "using_allocator", no_allocator)
+        tr = _trainer(True)
+        recs = tr.train_stage(0, WARMUP + 1)
+    assert len(recs) == WARMUP + 1 and all(np.isfinite(r["loss"]) for r in recs)
+    assert tr.graph.reason == "warm-up on the capture stream failed: RuntimeError: no such allocator"
+
+
 def test_graph_is_not_available_on_host_backends():
     g = DeviceGraph(True)
     assert not g.active and "not available on backend" in g.reason
