@@ -130,8 +130,10 @@ class _Route:
 
     def sync_before_mpi_writes(self) -> None:
         """MPI does not see CUDA streams: work queued earlier (the last unpack from these
-        buffers, a pool allocation) must finish before MPI writes into them."""
-        if self.device:
+        buffers, a pool allocation) must finish before MPI writes into them.  Nothing to wait for
+        without receives (one rank): a step's device work then never waits for the host (a CUDA graph
+        can capture it)."""
+        if self.device and self.inc.transfers:
             backend.synchronize(self.bufs.send)
 
     def post_receives(self, comm: Any, dst: Any, tag: int) -> list:

@@ -78,6 +78,25 @@ def add_parser(sub) -> None:
                                                              "\"auto\" decides with it (default: ./machine.json "
                                                              "if there is one, as cotsdl train)")
     sc.add_argument("--json", metavar="FILE", help="write the results as JSON (rank 0)")
+    st = bsub.add_parser("step", help="one stage's training step on one rank, eager and as a CUDA graph: step time, "
+                                      "images/s, peak memory, beside the planner's prediction")
+    st.add_argument("config", help="a training config (TOML); its network, batch and training settings are used "
+                                   "(synthetic images: its data file is not read)")
+    st.add_argument("--stage", type=int, default=0, help="the stage whose training step is timed (default 0)")
+    st.add_argument("--steps", type=int, default=42, help="timed steps per setting (default 42)")
+    st.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3, at least 3: the graph is "
+                                                          "captured within them)")
+    st.add_argument("--rounds", type=int, default=7, help="the timed steps in this many rounds, the settings "
+                                                          "interleaved (default 7)")
+    st.add_argument("--check-steps", type=int, default=5, help="steps both settings train from the same start "
+                                                               "before the timing, their weights compared (default 5)")
+    st.add_argument("--graph", choices=["on", "off", "both"], default="both",
+                    help="the step's device work as a captured CUDA graph (cuda backend only; elsewhere reported "
+                         "as not available), eagerly, or both (default)")
+    st.add_argument("--backend", choices=list(BACKENDS), help="the backend (default: the config's run.backend)")
+    st.add_argument("--machine", metavar="FILE|PRESET", help="the planner's step time and memory on this machine "
+                    "(default: h100-ndr on the cuda backend, else ./machine.json if there is one)")
+    st.add_argument("--json", metavar="FILE", help="write the results as JSON")
     fu = bsub.add_parser("fuse", help="one halo exchange per pool and LCN (parallel.fuse) against one per layer, "
                                       "in one run: step time, messages, prediction, break-even latency "
                                       "(run under mpiexec -n P)")
@@ -131,7 +150,8 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     return {"exchange": _exchange, "emulator": _emulator, "layers": _layers, "scaling": _scaling, "fuse": _fuse,
-            "calibrate": _calibrate, "reduction": _reduction, "reader": _reader, "gemm": _gemm}[args.bench](args)
+            "calibrate": _calibrate, "reduction": _reduction, "reader": _reader, "gemm": _gemm,
+            "step": _step}[args.bench](args)
 
 
 def _exchange(args) -> int:
@@ -240,6 +260,54 @@ def _scaling(args) -> int:
                                 "auto": ("auto",)}[args.overlap],
                       predict=predict, decide=decide, lam=tc.lam, tied=tc.tied, seed=tc.seed, dtype=tc.dtype)
     res["config"], res["machine"], res["load_warning"] = str(args.config), args.machine, warning
+    return _written(args, res, comm)
+
+
+def _step(args) -> int:
+    import os  # noqa: PLC0415
+
+    from mpi4py import MPI  # noqa: PLC0415
+
+    from ..array.collective import agree, raise_collectively  # noqa: PLC0415
+    from ..bench import common, step  # noqa: PLC0415
+    from . import run as run_spec  # noqa: PLC0415
+    from .train import setup_backend  # noqa: PLC0415
+
+    comm = MPI.COMM_WORLD  # the program's world: the library itself always takes a communicator
+    agree(comm, config=args.config, stage=args.stage, steps=args.steps, warmup=args.warmup, rounds=args.rounds,
+          check_steps=args.check_steps, graph=args.graph, backend=args.backend, machine=args.machine, json=args.json)
+    spec = run_spec.read_agreed(comm, args.config)
+    if args.backend:
+        spec = replace(spec, backend=args.backend)
+    network, tc = spec.network, spec.train
+    err = common.check_output_path(args.json) if comm.Get_rank() == 0 else None
+    if err is None and comm.Get_size() != 1:
+        err = f"bench step runs on 1 rank, not {comm.Get_size()} (several ranks' step: cotsdl bench scaling)"
+    elif err is None and not (args.steps >= 1 and args.warmup >= 0 and args.rounds >= 1 and args.check_steps >= 1):
+        err = (f"need --steps >= 1, --warmup >= 0, --rounds >= 1, --check-steps >= 1; got {args.steps}, "
+               f"{args.warmup}, {args.rounds}, {args.check_steps}")
+    elif err is None and not 0 <= args.stage < len(network.stages):
+        err = f"--stage must be in [0, {len(network.stages)}) for {args.config}, got {args.stage}"
+    raise_collectively(comm, err)
+    name = setup_backend(spec, comm)
+    machine_arg = args.machine or ("h100-ndr" if name == "cuda" else "this" if os.path.isfile("machine.json") else None)
+    predict, err = None, None
+    if machine_arg:
+        try:
+            from .. import planner  # noqa: PLC0415
+
+            machine = planner.load_machine(machine_arg)
+            predict = functools.partial(planner.predict_step, network, spec.global_batch, 1, (1, 1), 1, machine,
+                                        stage=args.stage, dtype=tc.dtype.name, optimizer_slots=tc.optimizer_slots,
+                                        ranks_per_node=1, tied=tc.tied, overlap=False)
+        except ValueError as e:  # a bad --machine: one agreed message
+            err = str(e)
+    raise_collectively(comm, err)
+    res = step.run(comm, network, tc.make_optimizer, batch=spec.global_batch, stage=args.stage, steps=args.steps,
+                   warmup=args.warmup, rounds=args.rounds, check_steps=args.check_steps, graph=args.graph,
+                   predict=predict, machine=machine_arg, lam=tc.lam, tied=tc.tied, seed=tc.seed, dtype=tc.dtype,
+                   filter_norm=tc.filter_norm)
+    res["config"] = str(args.config)
     return _written(args, res, comm)
 
 

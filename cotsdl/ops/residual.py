@@ -21,10 +21,12 @@ from .cpu import native
 from .cpu.parallel import run_bands
 
 
-def residual(x_hat: Any, x: Any, scale: float, out: Any) -> tuple[float, float]:
+def residual(x_hat: Any, x: Any, scale: float, out: Any, read: bool = True) -> tuple[Any, Any]:
     """``out[...] = scale * (x_hat - x)``; returns (sum (x_hat - x)^2, sum x^2) as floats.
 
     ``out`` may be ``x_hat`` itself but must not overlap ``x`` (x is read after out is written).
+    ``read=False``: the sums as 0-d arrays of ``x``'s library, not read back (device work that must
+    not wait for the host, e.g. a captured CUDA graph); the native kernel's are floats anyway.
     """
     if not (x_hat.shape == x.shape == out.shape and x_hat.dtype == x.dtype == out.dtype):
         raise ValueError(f"residual: x_hat {x_hat.shape} {x_hat.dtype}, x {x.shape} {x.dtype} and out "
@@ -42,7 +44,7 @@ def residual(x_hat: Any, x: Any, scale: float, out: Any) -> tuple[float, float]:
         rec, sig = sums.sum(axis=0)
         return float(rec), float(sig)
     r = xp.subtract(x_hat, x, out=out)
-    rec = float(xp.square(r, dtype=xp.float64).sum())  # squares of the rounded r, taken in float64
-    sig = float(xp.square(x, dtype=xp.float64).sum())
+    rec = xp.square(r, dtype=xp.float64).sum()  # squares of the rounded r, taken in float64
+    sig = xp.square(x, dtype=xp.float64).sum()
     xp.multiply(r, s, out=out)
-    return rec, sig
+    return (float(rec), float(sig)) if read else (rec, sig)

@@ -115,6 +115,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # H100 SXM5 80 GB (NVIDIA datasheet): 67 TFLOP/s fp32 (non-tensor), 3.35 TB/s.
     "h100-ndr": _gpu("h100-ndr", "H100 SXM5 80GB datasheet (67 TFLOP/s fp32, 3.35 TB/s, 80 GB), NDR 400 Gb/s, "
                      "8 GPUs per node", 67e12, 3.35e12, 80 * 2**30, 8, 112, 3e-6, 50e9, note=_H100_NOTE),
+    # H200 SXM 141 GB (NVIDIA datasheet): 67 TFLOP/s fp32 (non-tensor, the H100's chip), 4.8 TB/s HBM3e.
+    "h200-ndr": _gpu("h200-ndr", "H200 SXM datasheet (67 TFLOP/s fp32, 4.8 TB/s, 141 GB), NDR 400 Gb/s, "
+                     "8 GPUs per node", 67e12, 4.8e12, 141e9, 8, 112, 3e-6, 50e9),
 }
 #: ``this``: the calibration file of this machine (``cotsdl bench calibrate --json machine.json``).
 THIS_FILE = "machine.json"

@@ -49,6 +49,16 @@ class LossParts:
     active: bool = True
 
 
+@dataclass
+class PendingLoss:
+    """This rank's loss sums (reconstruction, pooled, signal) and its :func:`vitals.active` verdict,
+    not read back yet: 0-d arrays of the step's library (device work queued, e.g. in a CUDA graph).
+    :meth:`StageObjective.loss` reads them and sums them over the grid."""
+
+    sums: tuple[Any, Any, Any]
+    active: Any
+
+
 class StageObjective:
     """The objective of stage ``stage`` of a network laid out by ``plan``, over its process grid.
 
@@ -68,11 +78,13 @@ class StageObjective:
         if not float(eps) > 0:
             raise ValueError(f"stage {stage}: the pool eps must be > 0 for training, got {eps}")
 
-    def value_and_grad(self, x: DistArray, w: Any, w_dec: Any | None = None):
+    def value_and_grad(self, x: DistArray, w: Any, w_dec: Any | None = None, *, pending: bool = False):
         """(LossParts, dJ/dw local[, dJ/dw' local]) on this rank's sites.
 
         The gradients are the plan's buffers (:meth:`~cotsdl.nn.plan.NetworkPlan.buffer`): valid
-        until the next call on the same plan; copy them to keep them longer.
+        until the next call on the same plan; copy them to keep them longer.  ``pending``: a
+        :class:`PendingLoss` in place of the LossParts, nothing read back to the host and no message
+        sent (device work only; :meth:`loss` then makes the LossParts).
         """
         plan, f, p, dt = self.plan, self.f, self.p, self.plan.dtype
         xp = backend.array_module(x.data)
@@ -89,10 +101,11 @@ class StageObjective:
         xo = x.owned_data
         lend = plan.outputs.empty  # the step's arrays in the plan's lent memory (plan.step())
         dxh_data = lend(xo.shape, dt, xp)
-        rec, sig = residual(xh.data, xo, 2.0 / N, dxh_data)  # dx_hat = 2 r / N and the sums, in one pass
-        rec, spa, sig = sum_values(plan.grid.comm, [rec, pooled.data.sum(), sig])
-        parts = LossParts((rec + self.lam * spa) / N, rec / N, self.lam * spa / N, sig / N, spa / N,
-                          vitals.active(h.owned_data))
+        rec, sig = residual(xh.data, xo, 2.0 / N, dxh_data, read=not pending)  # dx_hat = 2 r / N, the sums
+        parts: LossParts | PendingLoss = PendingLoss(
+            (rec, pooled.data.sum(), sig), vitals.active_array(h.owned_data) if pending else vitals.active(h.owned_data))
+        if not pending:
+            parts = self.loss(parts)
         # backward
         dxh = DistArray(x.comm, xh.shape, xh.window, xh.owned, data=dxh_data)
         dh, dec_tape = plan.forward(dxh, {f: dec}, start=f, upto=p)  # F_{w'}(dx_hat), the decoder's transpose
@@ -121,6 +134,16 @@ class StageObjective:
         _, enc_grads = plan.backward(dh, enc, {f: w}, input_grad=False, grads_into=into_enc,
                                      also=also)  # dW_F(x, dh) [+ the decoder's, tied]
         return (parts, enc_grads[f]) if w_dec is None else (parts, enc_grads[f], dec_grads[f])
+
+    def loss(self, parts: "LossParts | PendingLoss") -> LossParts:
+        """The loss terms per image of :meth:`value_and_grad`'s ``parts``: pending sums read and summed
+        over the grid (one allreduce); LossParts as they are."""
+        if isinstance(parts, LossParts):
+            return parts
+        N = self.plan.batch
+        rec, spa, sig = sum_values(self.plan.grid.comm, parts.sums)
+        return LossParts((rec + self.lam * spa) / N, rec / N, self.lam * spa / N, sig / N, spa / N,
+                         bool(parts.active))
 
 
 @lru_cache(maxsize=16)

@@ -30,6 +30,7 @@ from ..nn.network import Network, filter_norms, project_norm
 from ..nn.plan import NetworkPlan
 from ..nn import stage_stats as monitor
 from . import allreduce, auto, resume, schedules, vitals
+from .graph import DeviceGraph
 from .objective import StageObjective
 from .optim import Optimizer
 from .norms import stage_norms
@@ -94,6 +95,10 @@ class GreedyTrainer:
         reads (``NetworkPlan(fuse=...)``): a training step's forward is the same bit for bit.
         ``"auto"``: where the run planner predicts a gain on this machine (without a calibration:
         none), decided once on rank 0 (:func:`cotsdl.planner.fuse.choose_fuse`); ``fuse_reason`` says why.
+    graph : bool
+        Launch each step's device work (frozen stages' forward, the objective's forward and backward) as
+        one captured CUDA graph (:mod:`cotsdl.train.graph`; cuda backend only, else or where capture fails
+        eager, ``trainer.graph.reason`` says why); the update, the checks and the gradient sum stay eager.
     fuse_filter : "auto", "on", "off" or stage indices
         Fused stages whose filter joins their pool and LCN while frozen (``NetworkPlan(fuse_filter=...)``):
         the forward of the stages below the trained one exchanges each stage's input once, computing the
@@ -126,7 +131,8 @@ class GreedyTrainer:
                  checkpoint_every: int = 0, keep: int = 3, log_every: int = 10, metrics_file: str | None = None,
                  max_bad_steps: int = 5, log=sys.stdout, should_stop: Callable[[], bool] | None = None,
                  overwrite: bool = False, overlap: bool | str = True, reduction: str = "auto",
-                 filter_norm: float | Sequence[float | None] | None = None, fuse: Any = (), fuse_filter: Any = ()):
+                 filter_norm: float | Sequence[float | None] | None = None, fuse: Any = (), fuse_filter: Any = (),
+                 graph: bool = False):
         from ..planner.fuse import resolve as resolve_fuse, resolve_filter, undecided  # noqa: PLC0415
 
         err = fuse_err = None
@@ -176,7 +182,7 @@ class GreedyTrainer:
               overlap=overlap if isinstance(overlap, str) else bool(overlap), reduction=reduction,
               fuse="auto" if fixed_fuse is None else list(fixed_fuse),
               fuse_filter=fixed_filter if fixed_filter is None or isinstance(fixed_filter, str) else list(fixed_filter),
-              filter_norm=norms, optimizer=(type(optimizer).__name__, schedules.describe(optimizer.schedule), optimizer.hyper()),
+              filter_norm=norms, graph=bool(graph), optimizer=(type(optimizer).__name__, schedules.describe(optimizer.schedule), optimizer.hyper()),
               data=(tuple(data.image_shape), len(data) if hasattr(data, "__len__") else None,
                     getattr(data, "seed", None)))
         if checkpoint_dir:  # checked now, not at the first checkpoint after real work
@@ -227,6 +233,8 @@ class GreedyTrainer:
         #: the signs of a stage that stopped learning (silence, a frozen loss), step by step
         self.vitals = vitals.Vitals(self.plan.dtype)
         self._read_wait = 0.0  # seconds the last step waited for its minibatch (this rank)
+        #: how a step's device work is launched: eagerly, or as a captured CUDA graph
+        self.graph = DeviceGraph(bool(graph))
 
     @staticmethod
     def _checkpoint_bytes(network: Network, optimizer: Optimizer, dtype: np.dtype, tied: bool) -> int:
@@ -263,7 +271,8 @@ class GreedyTrainer:
         self.steplog.say(msg)
 
     # -- one step -----------------------------------------------------------------
-    def _stage_input(self, stage: int) -> DistArray:
+    def _read_images(self) -> Any:
+        """This rank's block of the step's images on the backend's device (with the graph: in the array it reads)."""
         first = self.position + self.decomposition.replica * self.batch
         err, x = None, None
         try:
@@ -273,17 +282,27 @@ class GreedyTrainer:
             want = self.plan.input_owned.shape
             if tuple(xb.shape) != want:
                 raise ValueError(f"the source returned shape {tuple(xb.shape)}, expected {want}")
-            x = self.plan.input_array(self.xp.ascontiguousarray(self.xp.asarray(xb), dtype=self.plan.dtype))
+            x = self.graph.fixed(self.xp.ascontiguousarray(self.xp.asarray(xb), dtype=self.plan.dtype))
             if hasattr(self.data, "prefetch"):  # the next step's images, read while this one computes
                 self.data.prefetch(first + self.batch * self.replicas, self.batch, self.plan.input_owned)
         except Exception as e:  # noqa: BLE001 - reported on every rank below
             err = f"reading images {first}..{first + self.batch - 1}: {type(e).__name__}: {e}"
         raise_collectively(self.world, err, RuntimeError)
-        if stage == 0:
-            return x
-        y, _ = self.plan.forward(x, self.params, upto=self.network.layer_index(stage, "filter"),
-                                 frozen=(stage, self._frozen_version))
-        return y
+        return x
+
+    def _device_step(self, stage: int, objective: StageObjective, images: Any) -> tuple[Any, dict[str, Any]]:
+        """The step's device work from its images: the frozen stages' forward, the objective's value and
+        gradients ((LossParts or PendingLoss, grads)); with the graph, nothing read back nor sent."""
+        x = self.plan.input_array(images)
+        if stage > 0:
+            x, _ = self.plan.forward(x, self.params, upto=self.network.layer_index(stage, "filter"),
+                                     frozen=(stage, self._frozen_version))
+        li = self.filter_layers[stage]
+        if self.tied:
+            parts, dw = objective.value_and_grad(x, self.params[li], pending=self.graph.active)
+            return parts, {"w": dw}
+        parts, dw, dwd = objective.value_and_grad(x, self.params[li], self.decoders[li], pending=self.graph.active)
+        return parts, {"w": dw, "w_dec": dwd}
 
     def _train_step(self, stage: int, objective: StageObjective, last: bool = False) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -293,13 +312,11 @@ class GreedyTrainer:
         # The step's activations, windows and sums in memory lent by the plan for this step (the
         # gradients are the plan's buffers): the same memory every step, whatever malloc does.
         with self.plan.step(), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            x = self._stage_input(stage)  # non-finite steps are handled below
-            if self.tied:
-                parts, dw = objective.value_and_grad(x, self.params[li])
-                grads = {"w": dw}
-            else:
-                parts, dw, dwd = objective.value_and_grad(x, self.params[li], self.decoders[li])
-                grads = {"w": dw, "w_dec": dwd}
+            images = self._read_images()  # non-finite steps are handled below
+            held = (*self.params.values(), *self.decoders.values())  # a replaced weight array: another graph
+            parts, grads = self.graph.run((stage, self._frozen_version, tuple(map(id, held))),
+                                          lambda: self._device_step(stage, objective, images), hold=held)
+            parts = objective.loss(parts)
         losses = np.array([parts.total, parts.reconstruction, parts.sparsity, parts.signal, parts.pooled])
         if self.replicas > 1:
             grads = allreduce.average(self.decomposition.replica_comm, grads, reduce=self.reduction)

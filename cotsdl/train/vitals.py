@@ -48,13 +48,19 @@ def active(h: Any) -> bool:
     xp = backend.array_module(h)
     units = h.reshape(-1, n) if h.flags.c_contiguous else None
     first = units[:_FIRST_UNITS] if units is not None else h[(0,) * (h.ndim - 2)]
-    for part in (first, h):
-        if n == 1:
-            if bool(xp.any(part != 0)):
-                return True
-        elif bool(xp.any(part != part[..., :1])):
-            return True
-    return False
+    return any(bool(_varies(xp, part, n)) for part in (first, h))
+
+
+def active_array(h: Any) -> Any:
+    """:func:`active` as a 0-d array of ``h``'s library, read by nobody yet: one pass over all of
+    ``h`` (no early answer), for device work that must not wait for the host (a captured graph)."""
+    xp = backend.array_module(h)
+    return xp.zeros((), bool) if h.size == 0 else _varies(xp, h, h.shape[-1])  # (no upload: capturable)
+
+
+def _varies(xp: Any, part: Any, n: int) -> Any:
+    """Whether some unit of ``part`` varies over the batch (one image: is non-zero), as a 0-d array."""
+    return xp.any(part != 0) if n == 1 else xp.any(part != part[..., :1])
 
 
 def norm_limit(norm: float, dtype: Any) -> float:
