@@ -3,7 +3,7 @@
 # (a lent GPU machine, a cluster's GPU node):  bash tests/gpu/on_device.sh [STEP ...]
 # Runs from a source checkout without installing (PYTHONPATH), with the python3 that holds
 # CuPy (and PyTorch, for the peers).  Default steps, in order of importance, each under its
-# own time limit and all within $BUDGET seconds (default 540: a step gets what is left, so a
+# own time limit and all within $BUDGET seconds (default 560: a step gets what is left, so a
 # slow one costs only the steps after it):
 #   env        the device, driver, CuPy, PyTorch, MPI
 #   gemm       cotsdl bench gemm: the filter GEMM's variants (registers, cp.async pipelines)
@@ -11,8 +11,10 @@
 #   kernels    the GPU suite, tests/gpu/test_gpu_kernels.py (every kernel and variant vs numpy)
 #   layers     cotsdl bench layers --backend cuda --peer: every pass beside PyTorch on the same
 #              GPU -> layers.json
-#   step       cotsdl bench step: the demo's training step eager and as a CUDA graph, and the
-#              185M-parameter config's step time and memory against cotsdl plan -> step-*.json
+#   step       cotsdl bench step: the demo's training step (stage 0) eager and as a CUDA graph
+#              -> step-demo0.json
+#   step-paper the 185M-parameter config's stage-0 step time and memory against cotsdl plan
+#              -> step-paper0.json
 #   racecheck  compute-sanitizer racecheck on the cp.async pipelines (where it works)
 # Not by default: evaluate (tests/gpu/test_evaluate_gpu.py), mpi (the two-rank exchange of
 # CuPy arrays, tests/mpi/test_gpu_exchange.py), memcheck, and demo (the main job's training and
@@ -24,7 +26,7 @@ set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
 LOGS=${LOGS:-/tmp/cotsdl-gpu-logs}
-BUDGET=${BUDGET:-540}
+BUDGET=${BUDGET:-560}
 mkdir -p "$OUT" "$LOGS"
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
@@ -32,7 +34,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
 export COTSDL_NATIVE=${COTSDL_NATIVE:-0} COTSDL_KERNEL_CACHE=${COTSDL_KERNEL_CACHE:-/tmp/cotsdl-kernels}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 MPIEXEC_TIMEOUT=60
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(env gemm kernels layers step racecheck)
+[ ${#steps[@]} -eq 0 ] && steps=(env gemm kernels step layers step-paper racecheck)
 summary=()
 step() {  # step NAME SECONDS COMMAND...: run with min(SECONDS, what the budget leaves), log to $LOGS/NAME.log
     local name=$1 limit=$2 t0=$SECONDS rc left
@@ -56,13 +58,13 @@ print(\"numpy\", numpy.__version__, \"cupy\", cupy.__version__, \"CUDA runtime\"
 \"driver\", cupy.cuda.runtime.driverGetVersion())'; $PY -c 'import torch; print(\"torch\", torch.__version__, torch.cuda.is_available())'; \
 $PY -c 'from mpi4py import MPI; print(MPI.Get_library_version())'; git log -1 --format='commit %H %s' 2>/dev/null; \
 command -v mpiexec compute-sanitizer g++ || true" ;;
-    gemm) step gemm 150 "$PY" -m cotsdl bench gemm --backend cuda --json "$OUT/gemm.json" ;;
-    kernels) step kernels 150 "$PY" -m pytest tests/gpu/test_gpu_kernels.py -q -rfE -n 8 --timeout 140 ;;
+    gemm) step gemm 120 "$PY" -m cotsdl bench gemm --backend cuda --json "$OUT/gemm.json" ;;
+    kernels) step kernels 110 "$PY" -m pytest tests/gpu/test_gpu_kernels.py -q -rfE -n 8 --timeout 100 ;;
     layers) step layers 170 "$PY" -m cotsdl bench layers --backend cuda --peer --json "$OUT/layers.json" ;;
-    step) step step-demo 90 "$PY" -m cotsdl bench step jobs/configs/demo.toml --backend cuda --graph both \
-              --json "$OUT/step-demo.json"
-          step step-paper 90 "$PY" -m cotsdl bench step jobs/configs/paper-185m.toml --backend cuda --graph off \
-              --json "$OUT/step-paper.json" ;;
+    step) step step-demo0 80 "$PY" -m cotsdl bench step jobs/configs/demo.toml --backend cuda --stage 0 \
+              --graph both --machine h200-ndr --json "$OUT/step-demo0.json" ;;
+    step-paper) step step-paper0 120 "$PY" -m cotsdl bench step jobs/configs/paper-185m.toml --backend cuda \
+              --stage 0 --graph both --steps 21 --check-steps 4 --machine h200-ndr --json "$OUT/step-paper0.json" ;;
     racecheck) if command -v compute-sanitizer > /dev/null; then
             step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 9 "$PY" -m pytest \
                 tests/gpu/test_gpu_kernels.py -q -rfE -n 0 --timeout 55 -k "gemm_variants and case1"
