@@ -12,23 +12,26 @@
 // taps is odd (the wrapper passes the 2*rho+1 factors of cotsdl.ops.lcn.gaussian); zr
 // has out_h and zc out_w entries (read only with divide).
 // Threads: a 1-D grid of 1-D blocks, one thread per output element, a grid-stride loop
-// over the linear index, n fastest (coalesced).  Any grid and block size is correct;
+// over the linear index, n fastest (coalesced).  The index is of type I: int in the _i32
+// kernels the wrapper launches where every index fits (32-bit divisions; cuda/pool.cu says
+// why), else long long.  Any grid and block size is correct;
 // the wrapper (cotsdl/ops/cuda/lcn.py) launches 256 threads a block and at most 4096
 // blocks.
 //
 // Compile-time parameters: none (no #define is read from the preamble).
-// COTSDL_LCN_INSTANCES(T, SUF) defines the extern "C" kernel lcn_corr_axis_SUF for
-// element type T (f32: float, f64: double).
+// COTSDL_LCN_INSTANCES(T, I, SUF) defines the extern "C" kernel lcn_corr_axis_SUF for
+// element type T (f32: float, f64: double) and index type I (SUF i32_f32 and i32_f64 for int).
 
-template <typename T>
+template <typename T, typename I>
 __device__ void corr_axis(const T* __restrict__ in, T* __restrict__ out, const T* __restrict__ g,
                           const T* __restrict__ zr, const T* __restrict__ zc, int in_r0, int in_c0, int in_h,
                           int in_w, int out_r0, int out_c0, int out_h, int out_w, int N, int axis, int taps,
                           int img_h, int img_w, int divide) {
     const int rho = taps / 2;
-    const long long total = (long long)out_h * out_w * N;
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += (long long)gridDim.x * blockDim.x) {
-        const int n = e % N, b = (e / N) % out_w, a = e / ((long long)N * out_w);
+    const I total = (I)out_h * out_w * N;
+    for (I e = blockIdx.x * (I)blockDim.x + threadIdx.x; e < total; e += (I)gridDim.x * blockDim.x) {
+        const I row = e / N;
+        const int n = (int)(e - row * N), b = (int)(row % out_w), a = (int)(row / out_w);
         const int r = out_r0 + a, c = out_c0 + b;
         T acc = T(0);
         for (int k = 0; k < taps; ++k) {
@@ -42,13 +45,15 @@ __device__ void corr_axis(const T* __restrict__ in, T* __restrict__ out, const T
     }
 }
 
-#define COTSDL_LCN_INSTANCES(T, SUF)                                                                     \
+#define COTSDL_LCN_INSTANCES(T, I, SUF)                                                                     \
     extern "C" __global__ void lcn_corr_axis_##SUF(const T* __restrict__ in, T* __restrict__ out,          \
             const T* __restrict__ g, const T* __restrict__ zr, const T* __restrict__ zc, int in_r0,         \
             int in_c0, int in_h, int in_w, int out_r0, int out_c0, int out_h, int out_w, int N, int axis,  \
             int taps, int img_h, int img_w, int divide) {                                                 \
-        corr_axis<T>(in, out, g, zr, zc, in_r0, in_c0, in_h, in_w, out_r0, out_c0, out_h, out_w, N, axis, \
+        corr_axis<T, I>(in, out, g, zr, zc, in_r0, in_c0, in_h, in_w, out_r0, out_c0, out_h, out_w, N, axis, \
                      taps, img_h, img_w, divide);                                                         \
     }
-COTSDL_LCN_INSTANCES(float, f32)
-COTSDL_LCN_INSTANCES(double, f64)
+COTSDL_LCN_INSTANCES(float, long long, f32)
+COTSDL_LCN_INSTANCES(double, long long, f64)
+COTSDL_LCN_INSTANCES(float, int, i32_f32)
+COTSDL_LCN_INSTANCES(double, int, i32_f64)

@@ -6,21 +6,25 @@
 // wrapper computes them (every window lies inside x; a remainder is not pooled).
 // Threads: a 1-D grid of 1-D blocks, one thread per output element (forward) or input
 // element (backward), a grid-stride loop over the linear index, n fastest, so loads
-// and stores coalesce.  Any grid and block size is correct; the wrapper
+// and stores coalesce.  The linear index is of type I: int in the _i32 kernels, which the
+// wrapper launches when every index fits (32-bit divisions: the 64-bit ones that decode
+// the index cost more than the memory traffic, 0.17 of an H100's bandwidth), else long long.  Any grid and block size is correct; the wrapper
 // (cotsdl/ops/cuda/pool.py) launches 256 threads a block and at most 4096 blocks.
 // Backward is a gather: each input element sums dy/y over the windows that cover it
 // (no atomics); y == 0 contributes nothing.
 //
 // Compile-time parameters: none (no #define is read from the preamble).
-// COTSDL_POOL_INSTANCES(T, SUF) defines the extern "C" kernels l2pool_fwd_SUF and
-// l2pool_bwd_SUF for element type T (f32: float, f64: double).
+// COTSDL_POOL_INSTANCES(T, I, SUF) defines the extern "C" kernels l2pool_fwd_SUF and
+// l2pool_bwd_SUF for element type T (f32: float, f64: double) and index type I (SUF
+// i32_f32 and i32_f64 for int).
 
-template <typename T>
+template <typename T, typename I>
 __device__ void pool_fwd(const T* __restrict__ x, T* __restrict__ y, int H, int W, int C, int N, int ph, int pw,
                          int qh, int qw, int PH, int PW, T eps) {
-    const long long total = (long long)PH * PW * C * N;
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += (long long)gridDim.x * blockDim.x) {
-        const int n = e % N, c = (e / N) % C, j = (e / ((long long)N * C)) % PW, i = e / ((long long)N * C * PW);
+    const I total = (I)PH * PW * C * N;
+    for (I e = blockIdx.x * (I)blockDim.x + threadIdx.x; e < total; e += (I)gridDim.x * blockDim.x) {
+        const I row = e / N;
+        const int n = (int)(e - row * N), c = (int)(row % C), j = (int)((row / C) % PW), i = (int)(row / ((I)C * PW));
         T acc = eps;
         for (int p = 0; p < ph; ++p)
             for (int q = 0; q < pw; ++q) {
@@ -31,12 +35,13 @@ __device__ void pool_fwd(const T* __restrict__ x, T* __restrict__ y, int H, int 
     }
 }
 
-template <typename T>
+template <typename T, typename I>
 __device__ void pool_bwd(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y,
                          T* __restrict__ dx, int H, int W, int C, int N, int ph, int pw, int qh, int qw, int PH, int PW) {
-    const long long total = (long long)H * W * C * N;
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += (long long)gridDim.x * blockDim.x) {
-        const int n = e % N, c = (e / N) % C, b = (e / ((long long)N * C)) % W, a = e / ((long long)N * C * W);
+    const I total = (I)H * W * C * N;
+    for (I e = blockIdx.x * (I)blockDim.x + threadIdx.x; e < total; e += (I)gridDim.x * blockDim.x) {
+        const I row = e / N;
+        const int n = (int)(e - row * N), c = (int)(row % C), b = (int)((row / C) % W), a = (int)(row / ((I)C * W));
         // windows i with i*qh <= a < i*qh + ph
         const int i_lo = max(0, (a - ph + qh) / qh), i_hi = min(PH - 1, a / qh);
         const int j_lo = max(0, (b - pw + qw) / qw), j_hi = min(PW - 1, b / qw);
@@ -51,15 +56,17 @@ __device__ void pool_bwd(const T* __restrict__ dy, const T* __restrict__ x, cons
     }
 }
 
-#define COTSDL_POOL_INSTANCES(T, SUF)                                                                       \
+#define COTSDL_POOL_INSTANCES(T, I, SUF)                                                                       \
     extern "C" __global__ void l2pool_fwd_##SUF(const T* __restrict__ x, T* __restrict__ y, int H, int W,     \
             int C, int N, int ph, int pw, int qh, int qw, int PH, int PW, T eps) {                           \
-        pool_fwd<T>(x, y, H, W, C, N, ph, pw, qh, qw, PH, PW, eps);                                          \
+        pool_fwd<T, I>(x, y, H, W, C, N, ph, pw, qh, qw, PH, PW, eps);                                          \
     }                                                                                                        \
     extern "C" __global__ void l2pool_bwd_##SUF(const T* __restrict__ dy, const T* __restrict__ x,             \
             const T* __restrict__ y, T* __restrict__ dx, int H, int W, int C, int N, int ph, int pw, int qh,  \
             int qw, int PH, int PW) {                                                                        \
-        pool_bwd<T>(dy, x, y, dx, H, W, C, N, ph, pw, qh, qw, PH, PW);                                       \
+        pool_bwd<T, I>(dy, x, y, dx, H, W, C, N, ph, pw, qh, qw, PH, PW);                                       \
     }
-COTSDL_POOL_INSTANCES(float, f32)
-COTSDL_POOL_INSTANCES(double, f64)
+COTSDL_POOL_INSTANCES(float, long long, f32)
+COTSDL_POOL_INSTANCES(double, long long, f64)
+COTSDL_POOL_INSTANCES(float, int, i32_f32)
+COTSDL_POOL_INSTANCES(double, int, i32_f64)

@@ -116,6 +116,27 @@ def test_backward_data_every_way(case, dtype, way, monkeypatch):
     close(*both(lambda: ops.local_filter_backward_data(dy, w, stride, block, input_shape=shape)), dtype)
 
 
+@pytest.mark.parametrize("index", ["i32", "i64"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_elementwise_kernels_with_either_index_width(index, dtype, monkeypatch):
+    """Pooling and LCN's smoothing decode their linear index in 32 bits where it fits (the _i32
+    kernels) and in 64 bits beyond: both instances equal numpy (the 64-bit one forced here)."""
+    from cotsdl.ops.cuda import _launch
+
+    if index == "i64":
+        monkeypatch.setattr(_launch, "MAX_I32_ELEMENTS", 0)
+    assert _launch.indexed("k", 10) == ("k_i32" if index == "i32" else "k")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((9, 8, 3, 5)).astype(dtype)
+    y = ops.l2_pool(x, (3, 2), (2, 1), 0.01)
+    dy = rng.standard_normal(y.shape).astype(dtype)
+    close(*both(lambda: ops.l2_pool(x, (3, 2), (2, 1), 0.01)), dtype)
+    close(*both(lambda: ops.l2_pool_backward(dy, x, y, (3, 2), (2, 1))), dtype)
+    dz = rng.standard_normal(x.shape).astype(dtype)
+    close(*both(lambda: ops.lcn(x, 5, 1.5, 1e-3)), dtype)
+    close(*both(lambda: ops.lcn_backward(dz, x, 5, 1.5, 1e-3)), dtype)
+
+
 @pytest.mark.parametrize("order", ORDERS, indirect=True)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shape, size, stride, eps", [((8, 7, 3, 4), (2, 2), (2, 2), 0.01), ((9, 10, 1, 1), (3, 2), (2, 3), 0.0),

@@ -160,3 +160,27 @@ def test_gemm_variants_on_device_equal_numpy(cp, case, gemm, monkeypatch):
         start = rng.standard_normal(w.shape).astype(np.float32)
         same(ops.local_filter_backward_weights(X, DY, size, stride, block, out=cp.asarray(start), accumulate=True),
              ops.local_filter_backward_weights(x, dy, size, stride, block, out=start.copy(), accumulate=True))
+
+
+@pytest.mark.parametrize("index", ["i32", "i64"])
+def test_elementwise_kernels_with_either_index_width_on_device(cp, index, monkeypatch):
+    """Pooling and LCN's smoothing through their 32-bit-index and 64-bit-index instances."""
+    from cotsdl import ops
+    from cotsdl.ops.cuda import _launch
+
+    if index == "i64":
+        monkeypatch.setattr(_launch, "MAX_I32_ELEMENTS", 0)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((19, 18, 3, 37)).astype(np.float32)
+    X = cp.asarray(x)
+
+    def same(dev, host):
+        assert float(np.abs(cp.asnumpy(dev) - host).max()) <= 1e-5 * max(float(np.abs(host).max()), 1e-30)
+
+    y = ops.l2_pool(x, (3, 2), (2, 1), 0.01)
+    same(ops.l2_pool(X, (3, 2), (2, 1), 0.01), y)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    same(ops.l2_pool_backward(cp.asarray(dy), X, cp.asarray(y), (3, 2), (2, 1)), ops.l2_pool_backward(dy, x, y, (3, 2), (2, 1)))
+    dz = rng.standard_normal(x.shape).astype(np.float32)
+    same(ops.lcn(X, 5, 1.5, 1e-3), ops.lcn(x, 5, 1.5, 1e-3))
+    same(ops.lcn_backward(cp.asarray(dz), X, 5, 1.5, 1e-3), ops.lcn_backward(dz, x, 5, 1.5, 1e-3))

@@ -22,6 +22,17 @@ def contig(a: Any) -> Any:
     return backend.array_module(a).ascontiguousarray(a)
 
 
+#: Elementwise kernels decode a linear index with 32-bit divisions (their ``_i32`` instances) while the
+#: index and one grid-stride step past it stay below 2**31; beyond, with 64-bit ones.
+MAX_I32_ELEMENTS = 2**31 - 1 - MAX_BLOCKS * THREADS
+
+
+def indexed(fn: str, total: int) -> str:
+    """Kernel name ``fn`` for a grid-stride loop over ``total`` elements: its 32-bit-index instance
+    (``fn_i32``; cuda/pool.cu says why) where it fits, else the 64-bit one."""
+    return f"{fn}_i32" if total <= MAX_I32_ELEMENTS else fn
+
+
 def grid_for(total: int) -> tuple[int]:
     """Blocks for a grid-stride loop over ``total`` elements."""
     return (max(1, min(MAX_BLOCKS, -(-total // THREADS))),)

@@ -11,7 +11,7 @@ import numpy as np
 
 from ... import backend
 from ...array.box import Box
-from ._launch import THREADS, contig, grid_for, kernel
+from ._launch import THREADS, contig, grid_for, indexed, kernel
 
 
 def corr_axis(u: Any, u_box: Box, out_box: Box, image_hw, g1: np.ndarray, axis: int,
@@ -29,7 +29,7 @@ def corr_axis(u: Any, u_box: Box, out_box: Box, image_hw, g1: np.ndarray, axis: 
     ints = tuple(np.int32(v) for v in (u_box.lo[0], u_box.lo[1], u_box.shape[0], u_box.shape[1], out_box.lo[0],
                                        out_box.lo[1], out_box.shape[0], out_box.shape[1], N, axis, len(g1),
                                        image_hw[0], image_hw[1], 1 if z is not None else 0))
-    backend.launch(kernel("lcn.cu", "lcn_corr_axis", u), grid_for(out.size), (THREADS,),
+    backend.launch(kernel("lcn.cu", indexed("lcn_corr_axis", out.size), u), grid_for(out.size), (THREADS,),
                    (contig(u), out, g, zr, zc) + ints)
     return out
 

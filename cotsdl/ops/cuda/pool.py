@@ -7,7 +7,7 @@ import numpy as np
 
 from ... import backend
 from ..shapes import window_sites
-from ._launch import THREADS, contig, grid_for, kernel
+from ._launch import THREADS, contig, grid_for, indexed, kernel
 
 
 def _ints(x: Any, size, stride, PH: int, PW: int) -> tuple:
@@ -19,7 +19,7 @@ def pool_forward(x: Any, size, stride, eps: float, workspace: Any = None) -> Any
     PH, PW = window_sites(x.shape[:2], size, stride)
     y = backend.array_module(x).empty((PH, PW) + tuple(x.shape[2:]), x.dtype)
     if y.size:
-        backend.launch(kernel("pool.cu", "l2pool_fwd", x), grid_for(y.size), (THREADS,),
+        backend.launch(kernel("pool.cu", indexed("l2pool_fwd", y.size), x), grid_for(y.size), (THREADS,),
                        (contig(x), y) + _ints(x, size, stride, PH, PW) + (np.dtype(x.dtype).type(eps),))
     return y
 
@@ -28,6 +28,6 @@ def pool_backward(dy: Any, x: Any, y: Any, size, stride, workspace: Any = None) 
     PH, PW = y.shape[:2]
     dx = backend.array_module(x).empty(x.shape, x.dtype)
     if dx.size:
-        backend.launch(kernel("pool.cu", "l2pool_bwd", x), grid_for(dx.size), (THREADS,),
+        backend.launch(kernel("pool.cu", indexed("l2pool_bwd", dx.size), x), grid_for(dx.size), (THREADS,),
                        (contig(dy), contig(x), contig(y), dx) + _ints(x, size, stride, PH, PW))
     return dx
