@@ -45,8 +45,15 @@ def add_parser(sub) -> None:
                     help="also the run planner's time of every pass on this machine (a calibration file, e.g. "
                          "machine.json from `cotsdl bench calibrate`, or a preset), for a rank of this run's threads")
     la.add_argument("--peer", action="store_true",
-                    help="also time the PyTorch (eager and compiled) and JAX formulations when importable, after "
-                         "checking they compute the same function, and print speed ratios")
+                    help="also time the PyTorch (eager, F.unfold, compiled) and JAX formulations when importable, "
+                         "after checking they compute the same function, and print speed ratios (with --backend "
+                         "cuda: PyTorch on the same GPU, no JAX)")
+    la.add_argument("--peer-compile", choices=["all", "filter", "none"],
+                    help="the passes torch.compile runs for --peer: all, filter (the filter passes and the training "
+                         "step) or none (default: all on the CPU, filter with --backend cuda)")
+    la.add_argument("--peer-compile-budget", type=float, metavar="S",
+                    help="no more torch.compile on a shape once its compiles took S seconds (default: no limit on "
+                         "the CPU, 40 with --backend cuda)")
     la.add_argument("--json", metavar="FILE", help="write the results as JSON")
     sc = bsub.add_parser("scaling", help="training steps of a config on this many ranks: step time, images/s, "
                                          "compute vs exchange, overlap on and off (run under mpiexec -n P)")
@@ -148,6 +155,8 @@ def _layers(args) -> int:
     err = common.check_output_path(args.json)
     if err is None and args.repeats < 1:
         err = f"--repeats must be >= 1, got {args.repeats}"
+    if err is None and args.peer_compile_budget is not None and not args.peer_compile_budget >= 0:
+        err = f"--peer-compile-budget must be >= 0 seconds, got {args.peer_compile_budget}"
     if err:
         raise ValueError(err)
     if args.threads is not None:
@@ -159,7 +168,8 @@ def _layers(args) -> int:
 
         machine = load_machine(args.machine)
     res = layers.run(args.repeats, np.dtype(args.dtype), min_time=args.min_time, backend_name=args.backend,
-                     peer=args.peer, shapes=args.shapes.split(",") if args.shapes else None, machine=machine)
+                     peer=args.peer, shapes=args.shapes.split(",") if args.shapes else None, machine=machine,
+                     peer_compile=args.peer_compile, peer_compile_budget=args.peer_compile_budget)
     return _written(args, res)
 
 
