@@ -215,7 +215,8 @@ def _best_peer(peers: dict[str, dict[str, Any]]) -> tuple[str, float] | None:
 def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: float = 0.2,
         backend_name: str = "numpy", peer: bool = False, shapes: list[Shape] | None = None,
         machine: dict[str, Any] | None = None, peer_compile: str | None = None,
-        peer_compile_budget: float | None = None) -> dict[str, Any]:
+        peer_compile_budget: float | None = None, on_shape: Callable[[dict[str, Any]], None] | None = None
+        ) -> dict[str, Any]:
     """Measure every shape (``shapes``, default the backend's list); print a table; return the numbers.
 
     On the numpy backend each filter pass is also compared with its batched products alone
@@ -225,7 +226,8 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
     ``best_peer`` the fastest of them.  Beside ``cuda`` the PyTorch peers run on the same GPU, beside
     the others on the CPU; ``peer_compile`` (``all``, ``filter``: the filter passes and the step, ``none``)
     and ``peer_compile_budget`` (seconds of compiling per shape) bound ``torch-compile`` (None: the
-    device's default, :func:`cotsdl.bench.peers.plan`).  ``machine`` (a loaded machine): the run planner's time of each
+    device's default, :func:`cotsdl.bench.peers.plan`).  ``on_shape``: called with the results so far
+    (``complete`` false) after each shape, so that a run stopped by a time limit leaves them.  ``machine`` (a loaded machine): the run planner's time of each
     pass on it beside ours (``predicted_seconds``, ``predicted_over_measured``).
     """
     dtype = np.dtype(dtype)
@@ -274,7 +276,7 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
                            "peers_skipped": pplan.skipped if pplan else None,
                            "peer_compile": ({"passes": pplan.compile, "budget_seconds_per_shape": pplan.compile_budget}
                                             if pplan else None),
-                           "machine": None if machine is None else machine["name"]}
+                           "machine": None if machine is None else machine["name"], "complete": False}
     if dev:
         say(f"cotsdl bench layers: cuda, {dev['name']}, {dtype.name}; fp32 peak {dev['fp32_peak_GFLOPs'] / 1e3:.1f} "
             f"TFLOP/s, memory {dev['memory_GBps']:.0f} GB/s (device properties); cuBLAS sgemm 8192^3 "
@@ -401,6 +403,9 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
         del found, contestants
         if pplan is not None:
             pplan.release()
+        if on_shape is not None:
+            on_shape(out)
+    out["complete"] = True
     for row in out["results"]:
         for name, rec in row["ops"].items():
             for pname, pr in rec.get("peers", {}).items():

@@ -41,7 +41,7 @@ COMPILED: dict[str, tuple[str, ...] | None] = {"all": None, "filter": FILTER_PAS
 #: Beside the GPU by default: torch.compile for the filter passes and the step only, and no more compiling
 #: on a shape once its compiles (first calls) have taken this many seconds: a compile can take tens of
 #: seconds, and a device run has minutes
-GPU_COMPILE, GPU_COMPILE_BUDGET = "filter", 40.0
+GPU_COMPILE, GPU_COMPILE_BUDGET = "filter", 30.0
 JAX_ON_GPU = ("not run beside the GPU: XLA preallocates most of the device's memory at its first use, "
               "beside CuPy's and torch's pools")
 

@@ -53,7 +53,7 @@ def add_parser(sub) -> None:
                          "step) or none (default: all on the CPU, filter with --backend cuda)")
     la.add_argument("--peer-compile-budget", type=float, metavar="S",
                     help="no more torch.compile on a shape once its compiles took S seconds (default: no limit on "
-                         "the CPU, 40 with --backend cuda)")
+                         "the CPU, 30 with --backend cuda)")
     la.add_argument("--json", metavar="FILE", help="write the results as JSON")
     sc = bsub.add_parser("scaling", help="training steps of a config on this many ranks: step time, images/s, "
                                          "compute vs exchange, overlap on and off (run under mpiexec -n P)")
@@ -169,7 +169,9 @@ def _layers(args) -> int:
         machine = load_machine(args.machine)
     res = layers.run(args.repeats, np.dtype(args.dtype), min_time=args.min_time, backend_name=args.backend,
                      peer=args.peer, shapes=args.shapes.split(",") if args.shapes else None, machine=machine,
-                     peer_compile=args.peer_compile, peer_compile_budget=args.peer_compile_budget)
+                     peer_compile=args.peer_compile, peer_compile_budget=args.peer_compile_budget,
+                     # each shape's results written at once: a device run stopped by its time limit keeps them
+                     on_shape=(lambda partial: common.write_json(args.json, partial)) if args.json else None)
     return _written(args, res)
 
 

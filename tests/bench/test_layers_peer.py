@@ -83,7 +83,7 @@ def test_peer_flag_without_peers_still_runs(tmp_path, backend_name, shape):
     assert res.returncode == 0, res.stderr
     assert "neither PyTorch nor JAX is importable" in res.stdout
     data = json.loads(out.read_text())
-    assert data["peers"] == [] and data["peer_devices"] == {} and data["peers_skipped"] == {}
+    assert data["peers"] == [] and data["peer_devices"] == {} and data["peers_skipped"] == {} and data["complete"]
     assert [r["shape"] for r in data["results"]] == [shape]
     assert "P-paper" in [s.name for s in layers.NUMPY_SHAPES]  # the paper's layer is a default numpy shape
     if backend_name != "numpy":
@@ -146,11 +146,13 @@ def test_compile_budget_skips_the_compiled_peer_and_says_so():
     other peers run."""
     if _torch() is None:
         pytest.skip("PyTorch is not importable")
-    log = io.StringIO()
+    log, seen = io.StringIO(), []
     with backend.using("cuda-emu"):
         res = layers.run(repeats=1, min_time=0.0, peer=True, log=log, backend_name="cuda-emu",
-                         peer_compile_budget=0.0)
+                         peer_compile_budget=0.0, on_shape=lambda partial: seen.append(json.loads(json.dumps(partial))))
     (row,) = res["results"]
+    # the results so far after each shape, for a run stopped by a time limit
+    assert [(len(p["results"]), p["complete"]) for p in seen] == [(1, False)] and res["complete"]
     for name, rec in row["ops"].items():
         pr = rec["peers"]["torch-compile"]
         assert pr["agrees"] is None and "budget 0 s" in pr["skipped"] and "seconds" not in pr
@@ -178,7 +180,7 @@ def test_peer_plan_on_a_gpu(monkeypatch):
     assert "jax" not in gpu.names
     if "jax" in layers.peers_importable():
         assert gpu.skipped["jax"] == peers.JAX_ON_GPU
-    assert (gpu.compile, gpu.compile_budget) == (peers.GPU_COMPILE, peers.GPU_COMPILE_BUDGET) == ("filter", 40.0)
+    assert (gpu.compile, gpu.compile_budget) == (peers.GPU_COMPILE, peers.GPU_COMPILE_BUDGET) == ("filter", 30.0)
     if torch is not None:
         assert gpu.names == ["torch", "torch-funfold", "torch-compile"] and gpu.on_gpu
         assert gpu.where == {p: "cuda:0" for p in gpu.names}
