@@ -51,6 +51,8 @@ def quiet_idle_threads() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("GOMP_SPINCOUNT", "0")
     os.environ.setdefault("KMP_BLOCKTIME", "0")
+    # JAX is not run beside a GPU; should anything start its GPU backend, no 75% of the device taken at once
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
 def peers_importable() -> list[str]:
@@ -267,8 +269,8 @@ def _torch_formulations(sh: Any, data: dict[str, Any], device: str) -> tuple[dic
     rho = size // 2
     g1 = _gaussian(size, sigma)
     Hy, Wy, Cy = data["y"].shape[:3]
-    g2 = torch.from_numpy(np.outer(g1, g1).astype(np.float32)[None, None]).to(dev)
-    z = F.conv2d(torch.ones(1, 1, Hy, Wy, device=dev), g2, padding=rho)
+    g2 = torch.from_numpy(np.outer(g1, g1).astype(data["y"].dtype)[None, None]).to(dev)
+    z = F.conv2d(torch.ones(1, 1, Hy, Wy, dtype=g2.dtype, device=dev), g2, padding=rho)
 
     def smooth(u):  # (N, 1, H, W)
         return F.conv2d(u, g2, padding=rho) / z
@@ -392,8 +394,19 @@ def peer_callables(sh, data: dict[str, Any], ours: dict[str, np.ndarray], peers:
     one line per shape); past the plan's budget its remaining passes are ``skipped`` (``agrees`` None)."""
     peers = peers or plan()
     found: dict[str, dict[str, tuple]] = {}
-    torch_forms = (_torch_formulations(sh, data, peers.device) if any(p.startswith("torch") for p in peers.names)
-                   else None)
+    res: dict[str, dict[str, tuple]] = {}
+
+    def failed(names: list[str], e: Exception) -> None:  # a peer that fails is reported, the bench goes on
+        for name in ours:
+            for peer in names:
+                res.setdefault(name, {})[peer] = ({"agrees": False, "error": f"{type(e).__name__}: {e}"[:300]}, None)
+
+    torch_names = [p for p in peers.names if p.startswith("torch")]
+    try:
+        torch_forms = _torch_formulations(sh, data, peers.device) if torch_names else None
+    except Exception as e:  # noqa: BLE001 - its inputs could not be set up (device memory, DLPack, cuDNN)
+        torch_forms = None
+        failed(torch_names, e)
     if torch_forms is not None:
         forms, funfold, compile_ = torch_forms
         for name, fs in (("torch", forms), ("torch-funfold", funfold)):
@@ -403,10 +416,13 @@ def peer_callables(sh, data: dict[str, Any], ours: dict[str, np.ndarray], peers:
             found["torch-compile"] = {k: (compile_(k, fn), a, conv) for k, (fn, a, conv) in forms.items()
                                       if peers.compiles(k)}
     if "jax" in peers.names:
-        jax_forms = _jax_formulations(sh, data)
+        try:
+            jax_forms = _jax_formulations(sh, data)
+        except Exception as e:  # noqa: BLE001
+            jax_forms = None
+            failed(["jax"], e)
         if jax_forms is not None:
             found["jax"] = jax_forms
-    res: dict[str, dict[str, tuple]] = {}
     compiled: dict[str, float] = {}
     for peer, forms in found.items():
         for name, (fn, args, conv) in forms.items():

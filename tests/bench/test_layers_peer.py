@@ -251,9 +251,14 @@ def test_peer_on_the_cuda_path_with_stand_in_device_arrays(monkeypatch):
         "cublas_sgemm_GFLOPs": 5e2})
     monkeypatch.setattr(layers, "ALONE_MAX_WEIGHT_BYTES", 0)  # no cuBLAS batched products on the stand-in
     log = io.StringIO()
-    with device_backend(monkeypatch):
-        res = layers.run(repeats=1, min_time=0.0, peer=True, log=log, backend_name="cuda", shapes=[layers.TINY],
-                         peer_compile="none")
+    from cotsdl.train import objective  # noqa: PLC0415
+
+    try:
+        with device_backend(monkeypatch):
+            res = layers.run(repeats=1, min_time=0.0, peer=True, log=log, backend_name="cuda", shapes=[layers.TINY],
+                             peer_compile="none")
+    finally:  # the training step's one-process plan, cached per shape, holds stand-in device buffers now
+        objective._one_process_plan.cache_clear()
     assert calls["devices"] == {"cuda:0"} and calls["dlpack"] == 6  # x, w, dy, y, p, dp: each taken once
     assert calls["empty_cache"] == 1 and calls["synchronize"] > 3 * 8  # every timed call, ours included
     assert res["peers"] == ["torch", "torch-funfold"]
@@ -269,3 +274,21 @@ def test_peer_on_the_cuda_path_with_stand_in_device_arrays(monkeypatch):
         for peer, pr in rec["peers"].items():
             assert pr["agrees"], (name, peer, pr)
     assert "(--peer: PyTorch on cuda:0)" in log.getvalue()
+
+
+def test_a_peer_that_cannot_be_set_up_is_reported_and_the_bench_goes_on(monkeypatch):
+    """A failure while a peer's inputs are made (device memory, DLPack) is each pass's error, not the bench's."""
+    def broken(*a):
+        raise RuntimeError("CUDA out of memory (a stand-in)")
+
+    monkeypatch.setattr(peers, "_torch_formulations", broken)
+    monkeypatch.setattr(peers, "_jax_formulations", broken)
+    log = io.StringIO()
+    res = layers.run(repeats=1, min_time=0.0, peer=True, log=log, shapes=[layers.TINY], peer_compile="none")
+    (row,) = res["results"]
+    for name, rec in row["ops"].items():
+        assert rec["seconds"] > 0 and "best_peer" not in rec
+        for peer in res["peers"]:
+            assert rec["peers"][peer] == {"agrees": False, "error": "RuntimeError: CUDA out of memory (a stand-in)"}
+    if res["peers"]:
+        assert "peer torch disagrees on emu-tiny filter_forward: RuntimeError: CUDA out of memory" in log.getvalue()
