@@ -11,7 +11,8 @@ backward) on the filter's output, by the minimum bytes of :mod:`cotsdl.ops.costs
   otherwise flatter every fraction); each filter pass is also set beside its batched
   products alone (same operands already in the GEMM's layout, same threads: what BLAS
   gives these small per-site products).  ``--peer`` adds the formulations of
-  :mod:`cotsdl.bench.peers` (PyTorch eager and ``torch.compile``'d, JAX), checked first to compute our function;
+  :mod:`cotsdl.bench.peers` (PyTorch eager, with ``F.unfold`` and ``torch.compile``'d; JAX),
+  checked first to compute our function;
   every contestant of a pass is timed in interleaved rounds, with idle OpenMP and BLAS
   threads told not to spin, and the best peer's ratio is printed per pass and shape.
 - ``--backend cuda``: CuPy arrays on the GPU; the ceilings are the device's fp32 peak
@@ -227,8 +228,9 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
     the others on the CPU; ``peer_compile`` (``all``, ``filter``: the filter passes and the step, ``none``)
     and ``peer_compile_budget`` (seconds of compiling per shape) bound ``torch-compile`` (None: the
     device's default, :func:`cotsdl.bench.peers.plan`).  ``on_shape``: called with the results so far
-    (``complete`` false) after each shape, so that a run stopped by a time limit leaves them.  ``machine`` (a loaded machine): the run planner's time of each
-    pass on it beside ours (``predicted_seconds``, ``predicted_over_measured``).
+    (``complete`` false) after each shape, so that a run stopped by a time limit leaves them.  ``machine``
+    (a loaded machine): the run planner's time of each pass on it beside ours (``predicted_seconds``,
+    ``predicted_over_measured``).
     """
     dtype = np.dtype(dtype)
     item = dtype.itemsize

@@ -231,8 +231,9 @@ def test_peer_on_the_cuda_path_with_stand_in_device_arrays(monkeypatch):
     calls = {"synchronize": 0, "empty_cache": 0, "devices": set(), "dlpack": 0}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.__setitem__("synchronize", calls["synchronize"] + 1))
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.__setitem__("empty_cache", calls["empty_cache"] + 1))
+    count = lambda key: (lambda *a: calls.__setitem__(key, calls[key] + 1))  # noqa: E731
+    monkeypatch.setattr(torch.cuda, "synchronize", count("synchronize"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", count("empty_cache"))
     real_forms, real_dlpack = peers._torch_formulations, torch.from_dlpack
 
     def on_the_cpu(sh, data, device):
