@@ -11,7 +11,8 @@ backward) on the filter's output, by the minimum bytes of :mod:`cotsdl.ops.costs
   otherwise flatter every fraction); each filter pass is also set beside its batched
   products alone (same operands already in the GEMM's layout, same threads: what BLAS
   gives these small per-site products).  ``--peer`` adds the formulations of
-  :mod:`cotsdl.bench.peers` (PyTorch eager and ``torch.compile``'d, JAX), checked first to compute our function;
+  :mod:`cotsdl.bench.peers` (PyTorch eager, with ``F.unfold`` and ``torch.compile``'d; JAX),
+  checked first to compute our function;
   every contestant of a pass is timed in interleaved rounds, with idle OpenMP and BLAS
   threads told not to spin, and the best peer's ratio is printed per pass and shape.
 - ``--backend cuda``: CuPy arrays on the GPU; the ceilings are the device's fp32 peak
@@ -19,9 +20,12 @@ backward) on the filter's output, by the minimum bytes of :mod:`cotsdl.ops.costs
   measured in the same run; the paper-sized layer (200x200x3 input, 18x18 fields,
   stride 2, blocks of 4x4x8 neurons, N = 96) is added.  Each filter pass is set beside
   its batched products alone in one cuBLAS strided-batched call (``cupy.matmul``), and
-  the JSON gives its fraction of the measured cuBLAS sgemm too.
+  the JSON gives its fraction of the measured cuBLAS sgemm too.  ``--peer`` runs the
+  PyTorch formulations on the same GPU (:class:`cotsdl.bench.peers.PeerPlan`), every clock
+  read after all the device's work is done (CuPy's stream and torch's); JAX is not run there.
 - ``--backend cuda-emu``: one tiny shape through the emulated kernels (it proves the
-  path; the numbers mean nothing).
+  path; the numbers mean nothing); ``--peer`` runs the PyTorch and JAX peers on the CPU
+  beside it, the device path's code on the host.
 
 ``--shapes P-185m`` (numpy, not a default: a minute and about 3 GB) is the first layer of
 ``jobs/configs/paper-185m.toml`` as one rank trains it: 200x200x3, blocks of 4x4x1, N = 96.
@@ -48,6 +52,7 @@ from ..train.objective import sparse_ae_loss
 from .common import as_step
 from .sampling import interleaved_best
 from .peers import LCN, POOL, TRAIN_LAM, _agree, peer_callables, peers_importable  # noqa: F401 - _agree: tests
+from .peers import plan as peer_plan
 
 
 
@@ -109,9 +114,12 @@ def predicted(machine: dict[str, Any], name: str, cost: costs.Cost, fc: dict[str
 
 
 def _kept(result: Any) -> Any:
-    """A result that outlives the next call (one step's lent memory is the next one's)."""
+    """A host copy of a result, which outlives the next call (one step's lent memory is the next one's):
+    the peers' agreement is checked on the host."""
     if isinstance(result, tuple):
         return tuple(_kept(r) for r in result)
+    if backend.is_device_array(result):
+        return backend.to_numpy(result)
     return result.copy() if hasattr(result, "copy") and hasattr(result, "shape") else result
 
 
@@ -207,15 +215,22 @@ def _best_peer(peers: dict[str, dict[str, Any]]) -> tuple[str, float] | None:
 
 def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: float = 0.2,
         backend_name: str = "numpy", peer: bool = False, shapes: list[Shape] | None = None,
-        machine: dict[str, Any] | None = None) -> dict[str, Any]:
+        machine: dict[str, Any] | None = None, peer_compile: str | None = None,
+        peer_compile_budget: float | None = None, on_shape: Callable[[dict[str, Any]], None] | None = None
+        ) -> dict[str, Any]:
     """Measure every shape (``shapes``, default the backend's list); print a table; return the numbers.
 
     On the numpy backend each filter pass is also compared with its batched products alone
     (:func:`matmul_alone`).  ``peer``: also run the PyTorch (eager, compiled) and JAX
     formulations that import, each checked first to compute our function on the shape, and
     timed interleaved with ours; ``ratio`` = peer time / our time (> 1: ours faster), and
-    ``best_peer`` the fastest of them.  ``machine`` (a loaded machine): the run planner's time of each
-    pass on it beside ours (``predicted_seconds``, ``predicted_over_measured``).
+    ``best_peer`` the fastest of them.  Beside ``cuda`` the PyTorch peers run on the same GPU, beside
+    the others on the CPU; ``peer_compile`` (``all``, ``filter``: the filter passes and the step, ``none``)
+    and ``peer_compile_budget`` (seconds of compiling per shape) bound ``torch-compile`` (None: the
+    device's default, :func:`cotsdl.bench.peers.plan`).  ``on_shape``: called with the results so far
+    (``complete`` false) after each shape, so that a run stopped by a time limit leaves them.  ``machine``
+    (a loaded machine): the run planner's time of each pass on it beside ours (``predicted_seconds``,
+    ``predicted_over_measured``).
     """
     dtype = np.dtype(dtype)
     item = dtype.itemsize
@@ -234,21 +249,36 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
     else:
         ceiling = sgemm_ceiling()
     peers: list[str] = []
-    if peer and backend_name != "numpy":
-        say(f"(--peer compares the numpy backend only; ignored with --backend {backend_name})")
-    elif peer:
-        peers = peers_importable()
-        if not peers:
+    pplan = None
+    if peer:
+        pplan = peer_plan(cupy.cuda.Device().id if backend_name == "cuda" else None, peer_compile, peer_compile_budget)
+        peers, libs = pplan.names, peers_importable()
+        if not libs:
             say("(--peer: neither PyTorch nor JAX is importable; no peers run. pip install -e .[bench])")
-        elif "jax" not in peers:
+        elif "jax" not in libs:
             say("(--peer: JAX is not importable; PyTorch peers only)")
-        elif "torch" not in peers:
+        elif "torch" not in libs:
             say("(--peer: PyTorch is not importable; JAX peer only)")
+        for p, why in pplan.skipped.items():
+            say(f"(--peer: {p} {why})")
+        if any(p.startswith("torch") for p in peers):
+            passes = {"all": "every pass", "filter": "the filter passes and train_step"}.get(pplan.compile)
+            say(f"(--peer: PyTorch on {pplan.device}" + (f"; torch.compile for {passes}" if passes else "")
+                + (f", at most {pplan.compile_budget:g} s of compiling per shape" if passes and pplan.compile_budget
+                   is not None else "") + ")")
+        if pplan.on_gpu and any(p.startswith("torch") for p in peers):
+            # CuPy's stream and torch's may differ: every clock (ours too) waits for the whole device
+            # (torch.cuda.synchronize; CuPy and torch share the device's primary context)
+            sync = pplan.sync
     alone = backend_name in ("numpy", "cuda")  # the batched products alone beside each filter pass
     out: dict[str, Any] = {"benchmark": "layers", "backend": backend_name, "dtype": dtype.name,
                            "threads": ops.num_threads(), "sgemm_2048_GFLOPs": None if dev else ceiling,
                            "device": dev, "peers": peers if peer else None, "interleaved": True, "results": [],
-                           "machine": None if machine is None else machine["name"]}
+                           "peer_devices": pplan.where if pplan else None,
+                           "peers_skipped": pplan.skipped if pplan else None,
+                           "peer_compile": ({"passes": pplan.compile, "budget_seconds_per_shape": pplan.compile_budget}
+                                            if pplan else None),
+                           "machine": None if machine is None else machine["name"], "complete": False}
     if dev:
         say(f"cotsdl bench layers: cuda, {dev['name']}, {dtype.name}; fp32 peak {dev['fp32_peak_GFLOPs'] / 1e3:.1f} "
             f"TFLOP/s, memory {dev['memory_GBps']:.0f} GB/s (device properties); cuBLAS sgemm 8192^3 "
@@ -269,7 +299,8 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
         say(f"{'':48}(pred: cotsdl plan's time of the pass on machine {machine['name']}, a rank of "
             f"{ops.num_threads()} thread(s))")
     if peers:
-        say(f"{'':48}(peer time / ours, peer ms: ratio > 1 means ours is faster; '≠': disagrees, not timed)")
+        say(f"{'':48}(peer time / ours, peer ms: ratio > 1 means ours is faster; '≠': disagrees, not timed;"
+            " 'skip': not run)")
     fkey = "fraction_of_sgemm" if dev is None else "fraction_of_peak"
     for sh in shapes:
         if dev is None:  # the ceiling again, in this shape's conditions; the highest counts (the run's
@@ -321,7 +352,7 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
         row: dict[str, Any] = {"shape": sh.name, "H": sh.H, "W": sh.H, "C": sh.C, "r": sh.r, "s": sh.s, "K": sh.K,
                                "N": sh.N, "block": list(sh.block), "ceiling_GFLOPs": ceiling, "ops": {}}
         found = peer_callables(sh, {"x": x, "w": w, "dy": dy, "y": y, "p": p, "dp": dp},
-                               {name: _kept(fn()) for name, (fn, _) in runs.items()}) if peers else {}
+                               {name: _kept(fn()) for name, (fn, _) in runs.items()}, pplan, say) if peers else {}
         for name, (fn, cost) in runs.items():
             contestants: dict[str, Callable[[], Any]] = {"ours": fn}
             if alone and name.startswith("filter") and w.nbytes <= ALONE_MAX_WEIGHT_BYTES:
@@ -355,7 +386,8 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
                 rec["peers"] = recs
                 for pname in peers:
                     pr = recs.get(pname)
-                    cells.append(f"{'-':>15}" if pr is None else f"{'≠':>15}" if not pr["agrees"]
+                    cells.append(f"{'-':>15}" if pr is None else f"{'skip':>15}" if pr["agrees"] is None
+                                 else f"{'≠':>15}" if not pr["agrees"]
                                  else f" {pr['ratio']:6.2f} ({pr['seconds'] * 1e3:.2g})".rjust(15))
                 best = _best_peer(recs)
                 if best is not None:
@@ -370,10 +402,18 @@ def run(repeats: int = 10, dtype: Any = np.float32, log=sys.stdout, min_time: fl
             say(f"{sh.name:9} {name:18} {t * 1e3:9.3f} {rec['GFLOPs']:9.1f} {frac} {mm}{gbs}{pred}" + "".join(cells))
             row["ops"][name] = rec
         out["results"].append(row)
+        del found, contestants
+        if pplan is not None:
+            pplan.release()
+        if on_shape is not None:
+            on_shape(out)
+    out["complete"] = True
     for row in out["results"]:
         for name, rec in row["ops"].items():
             for pname, pr in rec.get("peers", {}).items():
-                if not pr["agrees"]:
+                if pr["agrees"] is None:
+                    say(f"peer {pname} on {row['shape']} {name}: {pr['skipped']}")
+                elif not pr["agrees"]:
                     say(f"peer {pname} disagrees on {row['shape']} {name}: "
                         + (pr.get("error") or f"max relative error {pr['max_rel_error']:.2e}"))
     return out

@@ -45,8 +45,15 @@ def add_parser(sub) -> None:
                     help="also the run planner's time of every pass on this machine (a calibration file, e.g. "
                          "machine.json from `cotsdl bench calibrate`, or a preset), for a rank of this run's threads")
     la.add_argument("--peer", action="store_true",
-                    help="also time the PyTorch (eager and compiled) and JAX formulations when importable, after "
-                         "checking they compute the same function, and print speed ratios")
+                    help="also time the PyTorch (eager, F.unfold, compiled) and JAX formulations when importable, "
+                         "after checking they compute the same function, and print speed ratios (with --backend "
+                         "cuda: PyTorch on the same GPU, no JAX)")
+    la.add_argument("--peer-compile", choices=["all", "filter", "none"],
+                    help="the passes torch.compile runs for --peer: all, filter (the filter passes and the training "
+                         "step) or none (default: all on the CPU, filter with --backend cuda)")
+    la.add_argument("--peer-compile-budget", type=float, metavar="S",
+                    help="no more torch.compile on a shape once its compiles took S seconds (default: no limit on "
+                         "the CPU, 30 with --backend cuda)")
     la.add_argument("--json", metavar="FILE", help="write the results as JSON")
     gm = bsub.add_parser("gemm", help="the filter kernels' GEMM variants (registers, cp.async pipelines) against each "
                                       "other and the planner's model of each, on a GPU (--backend cuda)")
@@ -178,6 +185,8 @@ def _layers(args) -> int:
     err = common.check_output_path(args.json)
     if err is None and args.repeats < 1:
         err = f"--repeats must be >= 1, got {args.repeats}"
+    if err is None and args.peer_compile_budget is not None and not args.peer_compile_budget >= 0:
+        err = f"--peer-compile-budget must be >= 0 seconds, got {args.peer_compile_budget}"
     if err:
         raise ValueError(err)
     if args.threads is not None:
@@ -189,7 +198,10 @@ def _layers(args) -> int:
 
         machine = load_machine(args.machine)
     res = layers.run(args.repeats, np.dtype(args.dtype), min_time=args.min_time, backend_name=args.backend,
-                     peer=args.peer, shapes=args.shapes.split(",") if args.shapes else None, machine=machine)
+                     peer=args.peer, shapes=args.shapes.split(",") if args.shapes else None, machine=machine,
+                     peer_compile=args.peer_compile, peer_compile_budget=args.peer_compile_budget,
+                     # each shape's results written at once: a device run stopped by its time limit keeps them
+                     on_shape=(lambda partial: common.write_json(args.json, partial)) if args.json else None)
     return _written(args, res)
 
 
