@@ -154,7 +154,7 @@ def run(backend_name: str = "cuda", shapes: list[Shape] | None = None, repeats: 
                 + (f" ({row['passes'][name]['fastest_over_default']:.2f} of the default's time)"
                    if row["passes"][name]["fastest_over_default"] else ""))
         out["results"].append(row)
-        del x, w, dy, dw
+        del x, w, dy, dw, ref, calls, runs, fn
         if xp is not np:
             xp.get_default_memory_pool().free_all_blocks()
     return out

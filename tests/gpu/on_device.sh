@@ -10,7 +10,7 @@
 #              against each other and the planner's model -> gemm.json
 #   kernels    the GPU suite, tests/gpu/test_gpu_kernels.py (every kernel and variant vs numpy)
 #   layers     cotsdl bench layers --backend cuda --peer: every pass beside PyTorch on the same
-#              GPU -> layers.json
+#              GPU, the paper layer first (its JSON is written after each shape) -> layers.json
 #   step       cotsdl bench step: the demo's training step (stage 0) eager and as a CUDA graph
 #              -> step-demo0.json
 #   step-paper the 185M-parameter config's stage-0 step time and memory against cotsdl plan
@@ -34,7 +34,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
 export COTSDL_NATIVE=${COTSDL_NATIVE:-0} COTSDL_KERNEL_CACHE=${COTSDL_KERNEL_CACHE:-/tmp/cotsdl-kernels}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 MPIEXEC_TIMEOUT=60
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(env gemm kernels step layers step-paper racecheck)
+[ ${#steps[@]} -eq 0 ] && steps=(env gemm kernels step step-paper layers racecheck)
 summary=()
 step() {  # step NAME SECONDS COMMAND...: run with min(SECONDS, what the budget leaves), log to $LOGS/NAME.log
     local name=$1 limit=$2 t0=$SECONDS rc left
@@ -59,8 +59,9 @@ print(\"numpy\", numpy.__version__, \"cupy\", cupy.__version__, \"CUDA runtime\"
 $PY -c 'from mpi4py import MPI; print(MPI.Get_library_version())'; git log -1 --format='commit %H %s' 2>/dev/null; \
 command -v mpiexec compute-sanitizer g++ || true" ;;
     gemm) step gemm 120 "$PY" -m cotsdl bench gemm --backend cuda --json "$OUT/gemm.json" ;;
-    kernels) step kernels 110 "$PY" -m pytest tests/gpu/test_gpu_kernels.py -q -rfE -n 8 --timeout 100 ;;
-    layers) step layers 170 "$PY" -m cotsdl bench layers --backend cuda --peer --json "$OUT/layers.json" ;;
+    kernels) step kernels 100 "$PY" -m pytest tests/gpu/test_gpu_kernels.py -q -rfE -n 8 --timeout 100 ;;
+    layers) step layers 240 "$PY" -m cotsdl bench layers --backend cuda --peer --peer-compile-budget 20 \
+                --shapes paper,A,B,C,D-blocks --json "$OUT/layers.json" ;;
     step) step step-demo0 80 "$PY" -m cotsdl bench step jobs/configs/demo.toml --backend cuda --stage 0 \
               --graph both --machine h200-ndr --json "$OUT/step-demo0.json" ;;
     step-paper) step step-paper0 120 "$PY" -m cotsdl bench step jobs/configs/paper-185m.toml --backend cuda \
