@@ -35,3 +35,31 @@ def test_a_variant_that_does_not_exist_is_named(tmp_path):
     r = subprocess.run([sys.executable, "-m", "cotsdl", "bench", "gemm", "--backend", "cuda-emu", "--variants",
                         "registers,async7"], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "no variant 'async7'" in r.stderr
+
+
+def test_the_cuda_path_on_a_stand_in_device(monkeypatch):
+    """``--backend cuda``'s own code on tests/devicestub.py's device arrays (kernels emulated): every
+    variant checked on the device's arrays, timed, and set beside the model's prediction."""
+    import io
+    import sys as _sys
+
+    from devicestub import device_backend
+
+    monkeypatch.setattr(gemm, "device_ceilings", lambda: {
+        "name": "stand-in", "compute_capability": "9.0", "fp32_peak_GFLOPs": 66.9e3, "memory_GBps": 4.8e3,
+        "cublas_sgemm_GFLOPs": 51e3})
+    monkeypatch.setattr(gemm, "_resources", lambda kern: (120, 29696))  # what CuPy's RawKernel reports
+    log = io.StringIO()
+    with device_backend(monkeypatch) as counts:
+        cupy = _sys.modules["cupy"]
+        monkeypatch.setattr(cupy.cuda.runtime, "deviceGetAttribute", lambda attr, dev: 132, raising=False)
+        monkeypatch.setattr(cupy, "get_default_memory_pool",
+                            lambda: type("Pool", (), {"free_all_blocks": lambda self: None})(), raising=False)
+        res = gemm.run("cuda", [gemm.EMU_PIPELINE], repeats=1, min_time=0.0, log=log)
+    assert counts["launches"] > 0
+    (row,) = res["results"]
+    for p in row["passes"].values():
+        for v in p["variants"].values():
+            assert v["agrees"] and v["blocks_per_sm"] == 2 and v["predicted_seconds"] > 0
+            assert 0 < v["fraction_of_peak"] and v["predicted_over_measured"] > 0
+    assert "fastest:" in log.getvalue() and res["device"]["sms"] == 132
