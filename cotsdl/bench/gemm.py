@@ -41,7 +41,7 @@ def _product(name: str, sh: Shape) -> tuple[str, int, int, int]:
         return "filter_bwd_weights", M, R, S
     if cuda_filter.by_sites(sh.s, sh.s, sh.C):
         return "filter_bwd_data_sites", R, sh.N, S
-    return "filter_bwd_data", sh.s * sh.s * sh.C, sh.N, -(-sh.H // sh.s) ** 2
+    return "filter_bwd_data", sh.s * sh.s * sh.C, sh.N, (-(-sh.H // sh.s)) ** 2
 
 
 def _resources(kern: Any) -> tuple[int | None, int | None]:
@@ -84,7 +84,7 @@ def run(backend_name: str = "cuda", shapes: list[Shape] | None = None, repeats: 
     else:
         raise ValueError(f"bench gemm runs the CUDA kernels: --backend cuda or cuda-emu, not {backend_name!r}")
     out: dict[str, Any] = {"benchmark": "gemm", "backend": backend_name, "device": dev, "variants": variants,
-                           "default_variant": cuda_filter.DEFAULT_VARIANT, "results": []}
+                           "default_variants": dict(cuda_filter.DEFAULT_VARIANTS), "results": []}
     say(f"{'shape':9} {'pass':18} {'variant':9} {'tile':>12} {'regs':>5} {'smem':>6} {'blk/SM':>6} "
         f"{'ms':>9} {'of peak':>7} {'pred ms':>8} {'pred/meas':>9} {'max diff':>9}")
     for sh in shapes:
@@ -114,7 +114,8 @@ def run(backend_name: str = "cuda", shapes: list[Shape] | None = None, repeats: 
             for v in variants:  # variants that build the same kernel here are one contestant
                 distinct.setdefault(tuple(sorted(tiles[v].items())), v)
             runs = {v: (lambda v=v: _in_variant(v, fn)) for v in distinct.values()}
-            ref = _in_variant(cuda_filter.DEFAULT_VARIANT, fn).copy()
+            default = cuda_filter.variant(kname)  # the kernel's default, the reference
+            ref = _in_variant(default, fn).copy()
             diffs = {v: _same(_in_variant(v, fn), ref) for v in runs}
             times = interleaved_best(runs, repeats, min_time, sync)
             recs: dict[str, Any] = {}
@@ -145,10 +146,10 @@ def run(backend_name: str = "cuda", shapes: list[Shape] | None = None, repeats: 
                     + ("" if key == v else f"  (= {key})") + ("" if rec["agrees"] else "  DISAGREES"))
             agreeing = [v for v in runs if diffs[v] <= 1e-5]
             fastest = min(agreeing, key=lambda v: times[v]) if agreeing else None
-            row["passes"][name] = {"kernel": kname, "variants": recs, "fastest": fastest,
+            row["passes"][name] = {"kernel": kname, "variants": recs, "fastest": fastest, "default": default,
                                    "fastest_over_default": (times[fastest] / times[distinct[tuple(sorted(
-                                       tiles[cuda_filter.DEFAULT_VARIANT].items()))]]
-                                                            if fastest and cuda_filter.DEFAULT_VARIANT in variants
+                                       tiles[default].items()))]]
+                                                            if fastest and default in variants
                                                             else None)}
             say(f"{'':9} {name:18} fastest: {fastest}"
                 + (f" ({row['passes'][name]['fastest_over_default']:.2f} of the default's time)"

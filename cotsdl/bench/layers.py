@@ -87,7 +87,7 @@ SHAPES = [
 ]
 NUMPY_SHAPES = SHAPES + [CPU_PAPER]
 #: Shapes --shapes may name beyond the default ones, by backend
-EXTRA_SHAPES = {"numpy": [CPU_PAPER_185M]}
+EXTRA_SHAPES = {"numpy": [CPU_PAPER_185M], "cuda": [CPU_PAPER_185M]}
 #: The planner's op of each timed pass (planner.machine.EFFICIENCY_KEYS)
 PLANNED = {"filter_forward": "filter_forward", "filter_bwd_data": "filter_backward_data",
            "filter_bwd_weights": "filter_backward_weights", "pool_forward": "pool_forward",

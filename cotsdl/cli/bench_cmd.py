@@ -59,7 +59,8 @@ def add_parser(sub) -> None:
                                       "other and the planner's model of each, on a GPU (--backend cuda)")
     gm.add_argument("--backend", choices=["cuda", "cuda-emu"], default="cuda",
                     help="cuda (a GPU through CuPy) or cuda-emu (two tiny shapes on the emulator: proves the path)")
-    gm.add_argument("--shapes", metavar="NAMES", help="comma-separated shape names (default: paper,A,B,C,D-blocks)")
+    gm.add_argument("--shapes", metavar="NAMES", help="comma-separated shape names (default: paper,A,B,C,D-blocks; "
+                    "also P-185m, the 185M-parameter network's first layer on one rank)")
     gm.add_argument("--variants", metavar="NAMES", help="comma-separated variants (default: all of "
                     "cotsdl.ops.cuda.filter.VARIANTS)")
     gm.add_argument("--repeats", type=int, default=8, help="interleaved rounds (default 8)")
@@ -208,7 +209,7 @@ def _layers(args) -> int:
 def _gemm(args) -> int:
     from .. import backend  # noqa: PLC0415
     from ..bench import common, gemm  # noqa: PLC0415
-    from ..bench.layers import PAPER, SHAPES, TINY, _shape  # noqa: PLC0415
+    from ..bench.layers import CPU_PAPER_185M, PAPER, SHAPES, TINY, _shape  # noqa: PLC0415
     from ..bench.gemm import EMU_PIPELINE  # noqa: PLC0415
 
     err = common.check_output_path(args.json)
@@ -217,7 +218,7 @@ def _gemm(args) -> int:
     if err:
         raise ValueError(err)
     backend.use(args.backend)
-    shapes = [_shape(s, [PAPER, TINY, EMU_PIPELINE] + SHAPES) for s in args.shapes.split(",")] if args.shapes else None
+    shapes = [_shape(s, [PAPER, CPU_PAPER_185M, TINY, EMU_PIPELINE] + SHAPES) for s in args.shapes.split(",")] if args.shapes else None
     res = gemm.run(args.backend, shapes, args.repeats, args.min_time,
                    variants=args.variants.split(",") if args.variants else None)
     return _written(args, res)

@@ -60,7 +60,7 @@ def chunk_flop_seconds(tm: int, tn: int, tk: int, dev: Device) -> float:
 
 def efficiency(tm: int, tn: int, tk: int, stages: int, blocks_per_sm: int, grid_blocks: int, dev: Device) -> float:
     """Predicted fraction of fp32 peak for ``grid_blocks`` tiles, ``stages`` (1: through registers)."""
-    if blocks_per_sm < 1:
+    if blocks_per_sm < 1 or grid_blocks < 1:
         return 0.0
     t0 = chunk_flop_seconds(tm, tn, tk, dev)
     cost = t0 + LOAD_SECONDS if stages <= 1 else max(t0, LOAD_SECONDS / (stages - 1))

@@ -46,32 +46,38 @@ def sites_rows(SH: int, SW: int, R: int, N: int, itemsize: int) -> int:
 
 
 #: How the 128-row float32 tiles load their K chunks (cuda/gemm_tile.cuh, "Loading"): the variant's
-#: name -> GT_STAGES.  "registers": through registers, two barriers a chunk (the kernels timed on the
-#: H100); "asyncS": a cp.async pipeline of S chunks in shared memory.  The default stays the one a GPU
-#: measured fastest (cuda/README.md); ``COTSDL_GEMM_VARIANT`` or :func:`gemm_variant` picks another.
+#: name -> GT_STAGES.  "registers": through registers, two barriers a chunk; "asyncS": a cp.async
+#: pipeline of S chunks in shared memory.
 VARIANTS = {"registers": 1, "async2": 2, "async3": 3, "async4": 4}
-DEFAULT_VARIANT = "registers"
+#: Each GEMM kernel's default variant: the one a GPU measured fastest on the paper layer (an H200,
+#: cotsdl bench gemm, cuda/README.md): forward 7.62 ms with async3 against 10.81 through registers,
+#: backward-data by sites 11.83 against 16.45, backward-weights 11.02 with async2 against 11.97.
+#: Backward-data by cells was not measured on a 128-row tile: it keeps the registers.
+#: ``COTSDL_GEMM_VARIANT`` or :func:`gemm_variant` sets one variant for every kernel instead.
+DEFAULT_VARIANTS = {"filter_fwd": "async3", "filter_bwd_data_sites": "async3", "filter_bwd_weights": "async2",
+                    "filter_bwd_data": "registers"}
 #: Static shared memory a block may have (gemm_tile.cuh checks the same bound)
 _SHARED_BYTES = 48 * 1024
 
 
-def _checked_variant(name: str, where: str) -> str:
-    if name not in VARIANTS:
+def _checked_variant(name: str | None, where: str) -> str | None:
+    if name is not None and name not in VARIANTS:
         raise ValueError(f"{where}: no GEMM variant {name!r}; the variants are {', '.join(VARIANTS)}")
     return name
 
 
-_variant = _checked_variant(os.environ.get("COTSDL_GEMM_VARIANT", DEFAULT_VARIANT), "COTSDL_GEMM_VARIANT")
+_variant = _checked_variant(os.environ.get("COTSDL_GEMM_VARIANT") or None, "COTSDL_GEMM_VARIANT")
 
 
-def variant() -> str:
-    """The GEMM variant the filter kernels are launched with now."""
-    return _variant
+def variant(kernel_name: str = "filter_fwd") -> str:
+    """The GEMM variant GEMM kernel ``kernel_name`` is launched with now."""
+    return _variant or DEFAULT_VARIANTS.get(kernel_name, "registers")
 
 
 @contextmanager
-def gemm_variant(name: str) -> Iterator[str]:
-    """Launch the filter kernels with GEMM variant ``name`` (a key of :data:`VARIANTS`) inside the block."""
+def gemm_variant(name: str | None) -> Iterator[str | None]:
+    """Launch every filter GEMM kernel with variant ``name`` (a key of :data:`VARIANTS`; None: each its
+    default, :data:`DEFAULT_VARIANTS`) inside the block."""
     global _variant
     before, _variant = _variant, _checked_variant(name, "gemm_variant")
     try:
@@ -85,15 +91,17 @@ def _stage_depth(tm: int, tn: int, stages: int, itemsize: int) -> int:
     return 16 if stages * 16 * (tm + 4 + tn + 4) * itemsize <= _SHARED_BYTES else 8
 
 
-def _tiles(m: int, n: int, dtype: Any = np.float32, gemm: str | None = None) -> dict[str, int]:
+def _tiles(m: int, n: int, dtype: Any = np.float32, gemm: str | None = None,
+           kernel_name: str = "filter_fwd") -> dict[str, int]:
     """GEMM tile for an (m x k)(k x n) product: small products get small tiles so fewer
     threads idle; large float32 ones 128-row tiles with 8 x RN outputs per thread (more
     FMAs per shared-memory read), TN chosen to waste the fewest columns of n, loaded as GEMM
-    variant ``gemm`` says (default: :func:`variant`; the small tiles always through registers)."""
+    variant ``gemm`` says (default: :func:`variant` of ``kernel_name``; the small tiles always
+    through registers)."""
     if m >= 128 and n >= 64 and np.dtype(dtype) == np.float32:
         tn = min((64, 96, 128), key=lambda t: (-(-n // t) * t - n, -t))
         t = {"TM": 128, "TN": tn, "RM": 8, "RN": tn // 16}
-        stages = VARIANTS[gemm or _variant]
+        stages = VARIANTS[gemm or variant(kernel_name)]
         if stages > 1:  # the "check-kernels variant" lines of filter.cu build exactly these
             t["GT_STAGES"] = stages
             tk = _stage_depth(128, tn, stages, 4)
@@ -145,7 +153,7 @@ def _gemm_launch(name: str, like: Any, rows: int, cols: int, blocks: int, args: 
                  table: Any = None, extra: tuple = ()) -> None:
     """Launch a filter GEMM kernel; ``table`` replaces ``xoff`` (backward-data's cell indices, as
     :func:`backend.constant` gives them); ``extra``: the kernel's arguments after the geometry."""
-    t = _tiles(rows, cols, like.dtype)
+    t = _tiles(rows, cols, like.dtype, kernel_name=name)
     k = kernel("filter.cu", name, like, t)
     H, W, C, N, SH, SW, rh, rw, sh, sw, bh, bw, K = (int(v) for v in geom)
     key = (H, W, C, N, SW, rh, rw, (bh, bw), K)
