@@ -51,11 +51,11 @@ def sites_rows(SH: int, SW: int, R: int, N: int, itemsize: int) -> int:
 VARIANTS = {"registers": 1, "async2": 2, "async3": 3, "async4": 4}
 #: Each GEMM kernel's default variant: the one a GPU measured fastest on the paper layer (an H200,
 #: cotsdl bench gemm, cuda/README.md): forward 7.62 ms with async3 against 10.81 through registers,
-#: backward-data by sites 11.83 against 16.45, backward-weights 11.02 with async2 against 11.97.
-#: Backward-data by cells was not measured on a 128-row tile: it keeps the registers.
+#: backward-data by sites 11.83 against 16.45, backward-weights 11.02 with async2 against 11.97;
+#: backward-data by cells on shape A's 128 x 64 tile 0.061 ms with async3 against 0.068.
 #: ``COTSDL_GEMM_VARIANT`` or :func:`gemm_variant` sets one variant for every kernel instead.
 DEFAULT_VARIANTS = {"filter_fwd": "async3", "filter_bwd_data_sites": "async3", "filter_bwd_weights": "async2",
-                    "filter_bwd_data": "registers"}
+                    "filter_bwd_data": "async3"}
 #: Static shared memory a block may have (gemm_tile.cuh checks the same bound)
 _SHARED_BYTES = 48 * 1024
 
