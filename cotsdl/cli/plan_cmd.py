@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
                                                                             "chosen as training would)")
     sp.add_argument("--replicas", type=int, help="data-parallel replicas (default: the config's)")
     sp.add_argument("--machine", nargs="+", metavar="FILE|PRESET", help="machine description(s): gtx680-fdr, v100-ndr, "
-                    "a100-ndr, h100-ndr, this (./machine.json from `cotsdl bench calibrate`) or a JSON file "
+                    "a100-ndr, h100-ndr, h200-ndr, this (./machine.json from `cotsdl bench calibrate`) or a JSON file "
                     "(default: this if ./machine.json exists, else gtx680-fdr)")
     sp.add_argument("--stage", type=int, help="only this stage (default: every stage)")
     sp.add_argument("--ranks-per-node", type=int, help="ranks per node (default: one per GPU, or per core)")
@@ -302,8 +302,8 @@ def _table(args, machines) -> dict[str, Any]:
                          f"{row['memory_bytes'] / 2**30:>9.2f}{100 * row['halo_share']:>7.1f}%"
                          f"{'on' if ov['on'] else 'off':>8}" + ("" if row["fits"] else " NOFIT").ljust(6))
             print(line + _paper_note(params, ranks))
-    print("NOFIT: does not fit in device memory.  GPU efficiencies: measured on one H100 (h100-ndr), "
-          "assumed the same fractions of peak on the other GPUs.")
+    print("NOFIT: does not fit in device memory.  GPU efficiencies: measured on one H100 (h100-ndr) and one H200 "
+          "(h200-ndr), assumed the H100's fractions of peak on the other GPUs.")
     print(PAPER)
     return {"rows": rows, "paper": PAPER, "machines": machines, "load_warnings": warnings}
 

@@ -84,6 +84,22 @@ _GPU_EFF = {"filter_forward": 0.21, "filter_backward_data": 0.20, "filter_backwa
             "elementwise": 0.6}
 _GPU_OVERHEAD_S = 40e-6
 _H100_NOTE = "efficiencies MEASURED on one H100 (cotsdl bench layers --backend cuda, paper layer; elementwise assumed)"
+# H200: MEASURED on one H200 (`cotsdl bench layers --backend cuda --shapes paper,P-185m`, 2026-11-28, with
+# the cp.async GEMM defaults, cuda/README.md): the paper layer's filter passes at 0.40 / 0.26 / 0.27 of
+# the fp32 peak, pooling at 0.14 / 0.12 and LCN at 0.025 / 0.015 of the bandwidth; and by layer shape
+# the filter passes of the 185M network's first layer (4x4 blocks of K = 1: 16-row products) at
+# 0.11 / 0.068 / 0.15.  Elementwise passes and the per-call overhead as for the H100.
+_H200_EFF = {**_GPU_EFF, "filter_forward": 0.396, "filter_backward_data": 0.256, "filter_backward_weights": 0.274,
+             "pool_forward": 0.136, "pool_backward": 0.125, "lcn_forward": 0.025, "lcn_backward": 0.015}
+_H200_BY_SHAPE = [
+    {"shape": shape, "case": case, "bytes": {op: nbytes for op in ("filter_forward", "filter_backward_data",
+                                                                   "filter_backward_weights")},
+     "by_threads": {"1": {"filter_forward": f, "filter_backward_data": d, "filter_backward_weights": w}}}
+    for shape, case, nbytes, (f, d, w) in (
+        ("filter 18x18 stride 2x2 block 4x4 K=8 C=3 N=96", "paper", 4674330624, (0.396, 0.256, 0.274)),
+        ("filter 18x18 stride 2x2 block 4x4 K=1 C=3 N=96", "P-185m", 624611328, (0.108, 0.068, 0.153)))]
+_H200_NOTE = ("efficiencies MEASURED on one H200 (cotsdl bench layers --backend cuda: the paper layer, and by "
+              "shape the 185M network's first layer; elementwise assumed)")
 _GPU_NOTE = "efficiencies ASSUMED: the fractions of peak measured on an H100 (nothing timed on this GPU)"
 
 
@@ -116,8 +132,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "h100-ndr": _gpu("h100-ndr", "H100 SXM5 80GB datasheet (67 TFLOP/s fp32, 3.35 TB/s, 80 GB), NDR 400 Gb/s, "
                      "8 GPUs per node", 67e12, 3.35e12, 80 * 2**30, 8, 112, 3e-6, 50e9, note=_H100_NOTE),
     # H200 SXM 141 GB (NVIDIA datasheet): 67 TFLOP/s fp32 (non-tensor, the H100's chip), 4.8 TB/s HBM3e.
-    "h200-ndr": _gpu("h200-ndr", "H200 SXM datasheet (67 TFLOP/s fp32, 4.8 TB/s, 141 GB), NDR 400 Gb/s, "
-                     "8 GPUs per node", 67e12, 4.8e12, 141e9, 8, 112, 3e-6, 50e9),
+    "h200-ndr": {**_gpu("h200-ndr", "H200 SXM datasheet (67 TFLOP/s fp32, 4.8 TB/s, 141 GB), NDR 400 Gb/s, "
+                        "8 GPUs per node", 67e12, 4.8e12, 141e9, 8, 112, 3e-6, 50e9, note=_H200_NOTE),
+                 "efficiency": dict(_H200_EFF), "efficiency_by_shape": _H200_BY_SHAPE},
 }
 #: ``this``: the calibration file of this machine (``cotsdl bench calibrate --json machine.json``).
 THIS_FILE = "machine.json"

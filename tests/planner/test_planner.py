@@ -203,7 +203,7 @@ def test_the_fit_search_skips_only_rank_counts_that_cannot_fit(monkeypatch, tied
 def test_presets_are_valid(name):
     m = load_machine(name)
     # each preset says where its efficiencies come from: measured on that GPU, or assumed
-    assert m["kind"] == "gpu" and ("MEASURED" in m["source"]) == (name == "h100-ndr") != ("ASSUMED" in m["source"])
+    assert m["kind"] == "gpu" and ("MEASURED" in m["source"]) == (name in ("h100-ndr", "h200-ndr")) != ("ASSUMED" in m["source"])
 
 
 def test_bad_machines_name_file_and_key(tmp_path, monkeypatch):
