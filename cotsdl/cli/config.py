@@ -196,7 +196,9 @@ SCHEMA: dict[str, Any] = {
               "optimizer": "optimizer", "schedule": "schedule"},
     "run": {"folder": Key(string, doc="the run folder (checkpoints, metrics, log)"),
             "backend": Key(choice("auto", *BACKENDS), "auto"),
-            "threads": Key(integer(0), 0, "threads of the numpy backend per rank (0: cores / ranks per node)")},
+            "threads": Key(integer(0), 0, "threads of the numpy backend per rank (0: cores / ranks per node)"),
+            "graph": Key(boolean, False, "launch each step's device work (forward and backward) as one captured CUDA "
+                         "graph (cuda backend; elsewhere, or where capture fails, eager, and the log says why)")},
 }
 
 

@@ -99,6 +99,7 @@ class RunSpec:
     folder: Path
     backend: str
     threads: int
+    graph: bool = False
 
     @property
     def global_batch(self) -> int:
@@ -146,7 +147,8 @@ def from_config(cfg: dict[str, Any], source: str) -> RunSpec:
         resolve_filter(pc["fuse_filter"], len(network.stages), resolve(pc["fuse"], len(network.stages)))
     except ValueError as e:
         raise cfgmod.ConfigError(f"{source}: {e}") from None
-    return RunSpec(str(source), cfg, network, data, train, parallel, Path(rc["folder"]), rc["backend"], rc["threads"])
+    return RunSpec(str(source), cfg, network, data, train, parallel, Path(rc["folder"]), rc["backend"], rc["threads"],
+                   rc["graph"])
 
 
 def read(path: str | Path, overrides: list[str] = ()) -> RunSpec:

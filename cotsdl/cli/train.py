@@ -260,7 +260,7 @@ def _train(spec: RunSpec, data, meta, backend_name, guard, comm, t_start, lock=N
         common = dict(checkpoint_every=tc.checkpoint_every, keep=tc.keep, log_every=tc.log_every,
                       metrics_file=str(folder / "metrics.jsonl"), max_bad_steps=tc.max_bad_steps, log=log,
                       should_stop=should_stop, overlap=pc.overlap, reduction=pc.reduction, fuse=pc.fuse,
-                      fuse_filter=pc.fuse_filter)
+                      fuse_filter=pc.fuse_filter, graph=spec.graph)
         status = _train_on(spec, data, meta, backend_name, guard, comm, t_start, log, say, common, steps, old)
         return status
     finally:
@@ -313,7 +313,8 @@ def _train_on(spec, data, meta, backend_name, guard, comm, t_start, log, say, co
             + (f"; gradient reduction {tr.reduction_reason}" if tr.replicas > 1 else "")
             + (f"; pool and LCN fused in stage(s) {', '.join(map(str, tr.plan.fuse))}" if tr.plan.fuse else "")
             + (f" (with the filter, frozen: {', '.join(map(str, tr.plan.fuse_filter))})" if tr.plan.fuse_filter else "")
-            + (f"; fuse auto: {tr.fuse_reason}" if tr.fuse_reason and tr.decomposition.grid.comm.Get_size() > 1 else ""))
+            + (f"; fuse auto: {tr.fuse_reason}" if tr.fuse_reason and tr.decomposition.grid.comm.Get_size() > 1 else "")
+            + (f"; steps launched: {tr.graph.describe()}" if spec.graph else ""))
         tr.train(steps)
     except TrainingInterrupted as e:
         sig = comm.allreduce(guard.received or 0, op=MPI.MAX)

@@ -450,3 +450,15 @@ def test_the_watchdog_names_silent_ranks_and_a_deadlock(tmp_path):
             assert "every rank is alive but none completes a step" in msg and "rank 1 7" in msg
         else:
             assert "rank 1 (never seen)" in msg
+
+
+def test_run_graph_is_reported_where_the_backend_has_no_graphs(setup):
+    """``run.graph = true`` on the numpy backend: the run trains eagerly, and the log says why."""
+    tmp, make = setup
+    cfg = make(steps=2, every=0)
+    res = cotsdl("train", str(cfg), "--set", "run.graph=true", "--set", "run.backend=numpy", ranks=1, cwd=tmp)
+    assert res.returncode == 0, res.stderr
+    log = (tmp / "run" / "log.txt").read_text()
+    assert "steps launched: eager (not available on backend numpy" in log, log
+    bad = cotsdl("train", str(cfg), "--set", "run.graph=3", ranks=1, cwd=tmp)
+    assert bad.returncode != 0 and "run.graph" in bad.stderr
