@@ -16,7 +16,9 @@
 #   step-paper the 185M-parameter config's stage-0 step time and memory against cotsdl plan
 #              -> step-paper0.json
 #   racecheck  compute-sanitizer racecheck on the cp.async pipelines (where it works)
-# Not by default: evaluate (tests/gpu/test_evaluate_gpu.py), mpi (the two-rank exchange of
+# Not by default: profile (the 185M network's stage-0 step under cProfile with every launch
+# synchronous: which of the trainer's functions take its time; the top 60 in the log), evaluate
+# (tests/gpu/test_evaluate_gpu.py), mpi (the two-rank exchange of
 # CuPy arrays, tests/mpi/test_gpu_exchange.py), memcheck, and demo (the main job's training and
 # evaluation on the GPU, one rank; $DEMO_SET: more `cotsdl train` options).
 # Output: $OUT (default ./gpu-out) gets the JSON files, summary.txt and logs.tgz (one log per
@@ -66,6 +68,12 @@ command -v mpiexec compute-sanitizer g++ || true" ;;
               --graph both --machine h200-ndr --json "$OUT/step-demo0.json" ;;
     step-paper) step step-paper0 120 "$PY" -m cotsdl bench step jobs/configs/paper-185m.toml --backend cuda \
               --stage 0 --graph both --steps 21 --check-steps 4 --machine h200-ndr --json "$OUT/step-paper0.json" ;;
+    profile) # where the 185M network's stage-0 step goes: every launch synchronous, so that the Python
+             # profile charges each function with the device time of the kernels it launches
+        step profile 150 env CUDA_LAUNCH_BLOCKING=1 "$PY" -m cProfile -o "$LOGS/step.prof" -m cotsdl bench step \
+            jobs/configs/paper-185m.toml --backend cuda --stage 0 --graph off --steps 7 --rounds 7 --check-steps 1
+        step profile-top 30 "$PY" -c "import pstats; s = pstats.Stats('$LOGS/step.prof'); s.sort_stats('cumulative'); \
+s.print_stats('cotsdl/(train|nn|ops|array)', 60)" ;;
     racecheck) if command -v compute-sanitizer > /dev/null; then
             step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 9 "$PY" -m pytest \
                 tests/gpu/test_gpu_kernels.py -q -rfE -n 0 --timeout 55 -k "gemm_variants and case1"
