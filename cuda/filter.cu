@@ -39,11 +39,13 @@
 // The wrapper (cotsdl/ops/cuda/filter.py) launches grid (blocks * tiles, ceil(rows/TM))
 // with block (TN/RN, TM/RM); filter_col2im with 256-thread blocks, grid-stride.
 //
-// Compile-time parameters: TM, TN, TK, RM, RN (gemm_tile.cuh documents each, its range
-// and its default).  The wrapper's _tiles chooses TM, TN, RM and RN; every set it can
+// Compile-time parameters: TM, TN, TK, RM, RN, GT_STAGES (gemm_tile.cuh documents each,
+// its range and its default).  The wrapper's _tiles chooses TM, TN, RM and RN, and for the
+// 128-row tiles the GEMM variant's GT_STAGES and, where needed, TK = 8; every set it can
 // choose is compiled by `cotsdl check-kernels`: the plain build (the defaults, TM = TN =
-// 64 with 4 x 4 per thread) and these lines (RM = RN = 4, the default, where a line
-// gives neither).  A new tile in _tiles needs a line here.
+// 64 with 4 x 4 per thread) and these lines (RM = RN = 4, TK = 16 and GT_STAGES = 1, the
+// defaults, where a line gives none).  A new tile or variant in _tiles needs a line here
+// (tests/test_check_kernels.py checks).
 // check-kernels variant: -DTM=16 -DTN=32
 // check-kernels variant: -DTM=16 -DTN=64
 // check-kernels variant: -DTM=32 -DTN=32

@@ -31,7 +31,8 @@
 // ---- Compile-time parameters -------------------------------------------------------
 // They come from the #define preamble of cotsdl/backend.py (kernel(file, fn, defines)).
 // The filter wrapper (_tiles in cotsdl/ops/cuda/filter.py) always passes TM, TN, RM and
-// RN and never TK; every combination it can pick is built by `cotsdl check-kernels`
+// RN, and with a cp.async variant of a 128-row tile GT_STAGES and, where 16 would not fit,
+// TK = 8; every combination it can pick is built by `cotsdl check-kernels`
 // (the "check-kernels variant" lines of filter.cu plus the plain build with the
 // defaults below, which is itself one of the wrapper's tiles: keep it so).
 //
@@ -53,12 +54,13 @@
 #define TN 64
 #endif
 // TK: depth of one K chunk in shared memory.  Any positive value is correct (the last
-//     chunk is zero-padded); no wrapper passes it.  Default 16: the two __syncthreads of
-//     a chunk are shared by TK*RM*RN FMAs per thread, the K-fast operand is read in runs
-//     of TK consecutive elements (64 bytes of float), and the static shared memory
-//     TK*(TM + TN + 8)*sizeof(T) is at most 17 KiB in every built variant (16.5 KiB
-//     for the 128 x 128 float tile, 17 KiB for the 64 x 64 double tile), well within
-//     the 48 KiB limit (checked in gemm_tile below).
+//     chunk is zero-padded); the wrapper passes 8 only where GT_STAGES chunks of 16 would
+//     not fit.  Default 16: the barriers of a chunk are shared by TK*RM*RN FMAs per
+//     thread, the K-fast operand is read in runs of TK consecutive elements (64 bytes of
+//     float), and the static shared memory GT_STAGES*TK*(TM + TN + 8)*sizeof(T) stays
+//     within the 48 KiB limit (checked in gemm_tile below): at most 17 KiB through
+//     registers (the 128 x 128 float tile 16.5 KiB, the 64 x 64 double one 17 KiB), at
+//     most 44.5 KiB in the pipelines (the 128 x 96 tile, 3 stages).
 #ifndef TK
 #define TK 16
 #endif
@@ -80,8 +82,9 @@
 // GT_STAGES: K chunks held in shared memory (above, "Loading").  1 (default): loads
 //     through registers, two barriers a chunk (the kernels measured on the H100).  2 to
 //     4: the cp.async pipeline; each stage costs TK*(GT_PAD(TM) + GT_PAD(TN))*sizeof(T)
-//     of the 48 KiB of static shared memory (checked in gemm_tile), so the 128-row tiles
-//     take 2 or 3 stages at TK = 16, or 4 at TK = 8.  The wrapper passes it with a
+//     of the 48 KiB of static shared memory (checked in gemm_tile), so the 128 x 64 and
+//     128 x 96 tiles take 2 or 3 stages at TK = 16, the 128 x 128 tile 2, and 3 or 4
+//     stages take TK = 8 where 16 does not fit.  The wrapper passes it with a
 //     variant (VARIANTS in cotsdl/ops/cuda/filter.py); more stages hide more load latency
 //     and cost shared memory (fewer resident blocks).
 #ifndef GT_STAGES

@@ -13,10 +13,10 @@
 // has out_h and zc out_w entries (read only with divide).
 // Threads: a 1-D grid of 1-D blocks, one thread per output element, a grid-stride loop
 // over the linear index, n fastest (coalesced).  The index is of type I: int in the _i32
-// kernels the wrapper launches where every index fits (32-bit divisions; cuda/pool.cu says
-// why), else long long.  Any grid and block size is correct;
-// the wrapper (cotsdl/ops/cuda/lcn.py) launches 256 threads a block and at most 4096
-// blocks.
+// kernels the wrapper launches where every index and one grid-stride step past it fit
+// (grids of at most MAX_BLOCKS x 256 threads; cuda/pool.cu says why), else long long,
+// where any grid and block size is correct; the wrapper (cotsdl/ops/cuda/lcn.py)
+// launches 256 threads a block and at most 4096 blocks.
 //
 // Compile-time parameters: none (no #define is read from the preamble).
 // COTSDL_LCN_INSTANCES(T, I, SUF) defines the extern "C" kernel lcn_corr_axis_SUF for

@@ -6,10 +6,12 @@
 // wrapper computes them (every window lies inside x; a remainder is not pooled).
 // Threads: a 1-D grid of 1-D blocks, one thread per output element (forward) or input
 // element (backward), a grid-stride loop over the linear index, n fastest, so loads
-// and stores coalesce.  The linear index is of type I: int in the _i32 kernels, which the
-// wrapper launches when every index fits (32-bit divisions: the 64-bit ones that decode
-// the index cost more than the memory traffic, 0.17 of an H100's bandwidth), else long long.  Any grid and block size is correct; the wrapper
-// (cotsdl/ops/cuda/pool.py) launches 256 threads a block and at most 4096 blocks.
+// and stores coalesce.  The linear index is of type I: long long (any grid and block
+// size is correct), or int in the _i32 kernels, which the wrapper launches when every
+// index and one grid-stride step past it fit in an int (so these take grids of at most
+// MAX_BLOCKS x 256 threads, as the wrapper launches them); 32-bit divisions decode the
+// index for several times less than 64-bit ones (not yet timed against them).  The
+// wrapper (cotsdl/ops/cuda/pool.py) launches 256 threads a block and at most 4096 blocks.
 // Backward is a gather: each input element sums dy/y over the windows that cover it
 // (no atomics); y == 0 contributes nothing.
 //

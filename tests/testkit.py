@@ -50,7 +50,7 @@ FILTER_CASES = [  # (H, W, C, N), size, stride, block, K
 #: Cases on the 128-row tiles with many K chunks (the GEMM variants' pipelines run full): forward
 #: R = 200 (13 chunks of 16), backward-weights N = 96, backward-data by sites M = 128.
 PIPELINE_CASES = [
-    ((7, 7, 8, 96), (5, 5), (2, 2), (2, 2), 32),       # 3 x 3 sites, M = 128, the 128 x 96 tile
+    ((7, 7, 8, 96), (5, 5), (2, 2), (2, 2), 32),       # 2 x 2 sites, M = 128, the 128 x 96 tile
     FILTER_CASES[7],                                   # the 128 x 128 tile, a partial M tile
 ]
 

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from .. import backend
+from .. import backend, ops
 from ..array.collective import raise_collectively
 from ..nn.network import Network
 from ..train import GreedyTrainer, InMemorySource
@@ -208,5 +208,5 @@ def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, 
            if xp is not np else "the process's peak resident memory so far (both settings, the process itself)"))
     return {"benchmark": "step", "backend": name, "stage": stage, "batch": batch, "steps": steps, "warmup": warmup,
             "rounds": rounds, "graph": graph, "check": check, "timing_error": timing_error, "speedup": speedup,
-            "predicted": pred,
+            "predicted": pred, "threads": ops.num_threads() if xp is np else None,
             "results": results}

@@ -314,7 +314,7 @@ def _train_on(spec, data, meta, backend_name, guard, comm, t_start, log, say, co
             + (f"; pool and LCN fused in stage(s) {', '.join(map(str, tr.plan.fuse))}" if tr.plan.fuse else "")
             + (f" (with the filter, frozen: {', '.join(map(str, tr.plan.fuse_filter))})" if tr.plan.fuse_filter else "")
             + (f"; fuse auto: {tr.fuse_reason}" if tr.fuse_reason and tr.decomposition.grid.comm.Get_size() > 1 else "")
-            + (f"; steps launched: {tr.graph.describe()}" if spec.graph else ""))
+            + (f"; steps launched: {tr.graph.describe()}" if spec.graph and tr.graph.reason else ""))
         tr.train(steps)
     except TrainingInterrupted as e:
         sig = comm.allreduce(guard.received or 0, op=MPI.MAX)
@@ -325,6 +325,10 @@ def _train_on(spec, data, meta, backend_name, guard, comm, t_start, log, say, co
         if root:
             _session_record(meta["step"] if meta else 0, e.step)
         return EXIT_REQUEUE
+    if spec.graph:  # how the steps went: a capture may have failed on some rank (then that rank ran eagerly)
+        launched = comm.gather(tr.graph.describe(), root=0)
+        say("steps launched: " + ("; ".join(f"rank {r}: {d}" for r, d in enumerate(launched))
+                                  if root and len(set(launched)) > 1 else launched[0] if root else ""))
     if root:
         report(folder, network, tr, backend_name, comm.Get_size(), time.perf_counter() - t_start, say)
         log.close()

@@ -87,8 +87,9 @@ _H100_NOTE = "efficiencies MEASURED on one H100 (cotsdl bench layers --backend c
 # H200: MEASURED on one H200 (`cotsdl bench layers --backend cuda --shapes paper,P-185m`, 2026-11-28, with
 # the cp.async GEMM defaults, cuda/README.md): the paper layer's filter passes at 0.40 / 0.26 / 0.27 of
 # the fp32 peak, pooling at 0.14 / 0.12 and LCN at 0.025 / 0.015 of the bandwidth; and by layer shape
-# the filter passes of the 185M network's first layer (4x4 blocks of K = 1: 16-row products) at
-# 0.11 / 0.068 / 0.15.  Elementwise passes and the per-call overhead as for the H100.
+# the filter passes of the 185M network's first layer at 0.11 / 0.068 / 0.15 (4x4 blocks of K = 1: its
+# forward and backward-weights are 16-row products).  Elementwise passes and the per-call overhead as for
+# the H100.
 _H200_EFF = {**_GPU_EFF, "filter_forward": 0.396, "filter_backward_data": 0.256, "filter_backward_weights": 0.274,
              "pool_forward": 0.136, "pool_backward": 0.125, "lcn_forward": 0.025, "lcn_backward": 0.015}
 _H200_BY_SHAPE = [

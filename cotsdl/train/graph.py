@@ -38,9 +38,12 @@ class DeviceGraph:
         Capture and replay (only on the ``cuda`` backend); False: always eager.
     warmup : int
         Eager calls of a key before it is captured.
+    model_ranks : int
+        Ranks of the model group: more than one exchange halos inside the step, which a graph cannot
+        hold (every rank then runs eagerly, and ``reason`` says why).
     """
 
-    def __init__(self, enabled: bool = False, warmup: int = WARMUP):
+    def __init__(self, enabled: bool = False, warmup: int = WARMUP, model_ranks: int = 1):
         self.enabled = bool(enabled)
         self.warmup = max(1, int(warmup))
         #: why the work runs eagerly although the graph was asked for (None: it is not, or not yet)
@@ -54,8 +57,12 @@ class DeviceGraph:
         self._graph: Any = None
         self._out: Any = None
         self._stream = self._pool = None
+        self._constants: list = []
         if self.enabled and backend.name() != "cuda":
             self.reason = f"not available on backend {backend.name()} (CUDA graphs need the cuda backend)"
+        elif self.enabled and model_ranks > 1:  # halo exchanges post MPI messages inside the step's work
+            self.reason = (f"not available on a model group of {model_ranks} ranks (the step exchanges halos "
+                           "over MPI; a graph serves one rank per model group)")
 
     @property
     def active(self) -> bool:
@@ -130,6 +137,9 @@ class DeviceGraph:
                 raise
             graph = self._stream.end_capture()
         self._graph, self._out = graph, out
+        # the device tables kernels read through backend.constant (a bounded cache): the graph holds
+        # their addresses, so it holds them too, lest an eviction free memory a replay reads
+        self._constants = list(backend._CONSTANTS.values())
         self.captures += 1
 
     def describe(self) -> str:

@@ -234,7 +234,7 @@ class GreedyTrainer:
         self.vitals = vitals.Vitals(self.plan.dtype)
         self._read_wait = 0.0  # seconds the last step waited for its minibatch (this rank)
         #: how a step's device work is launched: eagerly, or as a captured CUDA graph
-        self.graph = DeviceGraph(bool(graph))
+        self.graph = DeviceGraph(bool(graph), model_ranks=self.decomposition.grid.comm.Get_size())
 
     @staticmethod
     def _checkpoint_bytes(network: Network, optimizer: Optimizer, dtype: np.dtype, tied: bool) -> int:

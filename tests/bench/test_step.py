@@ -296,3 +296,23 @@ def test_graph_is_not_available_on_host_backends():
     g = DeviceGraph(True)
     assert not g.active and "not available on backend" in g.reason
     assert g.run("k", lambda: 7) == 7 and g.pool_bytes() == 0
+
+
+def test_graph_is_refused_on_a_model_group_of_several_ranks(monkeypatch):
+    """Halo exchanges post MPI messages inside the step: a graph serves one rank per model group."""
+    with capture_stub(monkeypatch):
+        g = DeviceGraph(True, model_ranks=2)
+        assert not g.active and "model group of 2 ranks" in g.reason
+        assert DeviceGraph(True, model_ranks=1).active
+
+
+def test_a_capture_holds_the_device_constants_it_reads(monkeypatch):
+    """The kernels' tables (backend.constant, a bounded cache) stay referenced while the graph lives."""
+    from cotsdl import backend
+
+    with capture_stub(monkeypatch):
+        tr = _trainer(True)
+        tr.train_stage(0, WARMUP + 2)
+        assert tr.graph.captures == 1
+        held = {id(a) for a in tr.graph._constants}
+        assert held and held >= {id(a) for a in backend._CONSTANTS.values()}

@@ -15,12 +15,15 @@
 #              -> step-demo0.json
 #   step-paper the 185M-parameter config's stage-0 step time and memory against cotsdl plan
 #              -> step-paper0.json
-#   racecheck  compute-sanitizer racecheck on the cp.async pipelines (where it works)
+#   racecheck  compute-sanitizer racecheck on the cp.async pipelines (where it works): a case of
+#              13 chunks through the stage ring, and the 128 x 128 tile with a partial M tile
 # Not by default: profile (the 185M network's stage-0 step under cProfile with every launch
 # synchronous: which of the trainer's functions take its time; the top 60 in the log), evaluate
 # (tests/gpu/test_evaluate_gpu.py), mpi (the two-rank exchange of
 # CuPy arrays, tests/mpi/test_gpu_exchange.py), memcheck, and demo (the main job's training and
 # evaluation on the GPU, one rank; $DEMO_SET: more `cotsdl train` options).
+# COTSDL_COMMIT: the commit (and whether the tree was dirty) the caller sent, printed by env (a
+# copied checkout's .git can name an older commit than the files it holds).
 # Output: $OUT (default ./gpu-out) gets the JSON files, summary.txt and logs.tgz (one log per
 # step), few files, so that a lent machine's limit on returned files keeps them all; the last
 # lines printed are one status per step.
@@ -58,7 +61,8 @@ for s in "${steps[@]}"; do
     env) step env 40 bash -c "nvidia-smi; $PY -c 'import sys, numpy, cupy; print(sys.version); \
 print(\"numpy\", numpy.__version__, \"cupy\", cupy.__version__, \"CUDA runtime\", cupy.cuda.runtime.runtimeGetVersion(), \
 \"driver\", cupy.cuda.runtime.driverGetVersion())'; $PY -c 'import torch; print(\"torch\", torch.__version__, torch.cuda.is_available())'; \
-$PY -c 'from mpi4py import MPI; print(MPI.Get_library_version())'; git log -1 --format='commit %H %s' 2>/dev/null; \
+$PY -c 'from mpi4py import MPI; print(MPI.Get_library_version())'; \
+echo \"source: \${COTSDL_COMMIT:-unknown: set COTSDL_COMMIT, as a copied .git may be stale}\"; \
 command -v mpiexec compute-sanitizer g++ || true" ;;
     gemm) step gemm 120 "$PY" -m cotsdl bench gemm --backend cuda --json "$OUT/gemm.json" ;;
     kernels) step kernels 100 "$PY" -m pytest tests/gpu/test_gpu_kernels.py -q -rfE -n 8 --timeout 100 ;;
@@ -76,7 +80,7 @@ command -v mpiexec compute-sanitizer g++ || true" ;;
 s.print_stats('cotsdl/(train|nn|ops|array)', 60)" ;;
     racecheck) if command -v compute-sanitizer > /dev/null; then
             step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 9 "$PY" -m pytest \
-                tests/gpu/test_gpu_kernels.py -q -rfE -n 0 --timeout 55 -k "gemm_variants and case1"
+                tests/gpu/test_gpu_kernels.py -q -rfE -n 0 --timeout 55 -k "gemm_variants and (case0 or case1)"
         else summary+=("racecheck    skipped: no compute-sanitizer"); fi ;;
     evaluate) step evaluate 200 "$PY" -m pytest tests/gpu/test_evaluate_gpu.py -q -rfE -n 0 ;;
     mpi) if command -v mpiexec > /dev/null; then

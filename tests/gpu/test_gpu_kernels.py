@@ -135,7 +135,7 @@ def test_backward_weights_into_out_on_device(cp, dtype):
 
 
 @pytest.mark.parametrize("gemm", ["async2", "async3", "async4"])
-@pytest.mark.parametrize("case", PIPELINE_CASES + FILTER_CASES[5:8])
+@pytest.mark.parametrize("case", PIPELINE_CASES[:1] + FILTER_CASES[5:8])  # four distinct cases
 def test_gemm_variants_on_device_equal_numpy(cp, case, gemm, monkeypatch):
     """The cp.async pipelines of the 128-row tiles (cuda/gemm_tile.cuh) on the device, every pass."""
     from cotsdl import ops

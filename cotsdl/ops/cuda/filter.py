@@ -53,7 +53,8 @@ VARIANTS = {"registers": 1, "async2": 2, "async3": 3, "async4": 4}
 #: cotsdl bench gemm, cuda/README.md): forward 7.62 ms with async3 against 10.81 through registers,
 #: backward-data by sites 11.83 against 16.45, backward-weights 11.02 with async2 against 11.97;
 #: backward-data by cells on shape A's 128 x 64 tile 0.061 ms with async3 against 0.068.
-#: ``COTSDL_GEMM_VARIANT`` or :func:`gemm_variant` sets one variant for every kernel instead.
+#: ``COTSDL_GEMM_VARIANT`` (read once, when this module is imported) or :func:`gemm_variant` sets one
+#: variant for every kernel instead.
 DEFAULT_VARIANTS = {"filter_fwd": "async3", "filter_bwd_data_sites": "async3", "filter_bwd_weights": "async2",
                     "filter_bwd_data": "async3"}
 #: Static shared memory a block may have (gemm_tile.cuh checks the same bound)
@@ -203,7 +204,7 @@ def filter_backward_data(dy: Any, w: Any, stride: tuple[int, int], block: tuple[
     R = rh * rw * C
     rows = sites_rows(SH, SW, R, N, dy.dtype.itemsize)
     buf = xp.empty(rows * SW * R * N, dy.dtype)
-    col2im = kernel("filter.cu", "filter_col2im", dy, _tiles(R, N, dy.dtype))
+    col2im = kernel("filter.cu", "filter_col2im", dy, _tiles(R, N, dy.dtype, kernel_name="filter_bwd_data_sites"))
     for i0 in range(0, SH, rows):
         i1 = min(SH, i0 + rows)
         _gemm_launch("filter_bwd_data_sites", dy, R, N, (i1 - i0) * SW, (dy, w, buf), geom, extra=(np.int32(i0),))
