@@ -2,7 +2,8 @@
 
 Per shape (default: the paper-sized layer and shapes A to D of ``bench layers``) and filter
 pass, every variant of :data:`cotsdl.ops.cuda.filter.VARIANTS` (through registers, cp.async
-pipelines of 2 to 4 stages) is checked against the default variant's result, then all are
+pipelines of 2 to 4 stages) is checked against the kernel's default variant's result (against
+numpy: the GPU suite), then all are
 timed in interleaved rounds (minimum over rounds, CUDA-synchronized wall clock).  Beside each:
 the kernel's registers and static shared memory as the device's compiler built it, the blocks an
 SM holds, and :mod:`cotsdl.planner.gemm`'s predicted time; the fastest variant per pass is named.
@@ -127,7 +128,7 @@ def run(backend_name: str = "cuda", shapes: list[Shape] | None = None, repeats: 
                 threads = (t["TM"] // t["RM"]) * (t["TN"] // t["RN"])
                 rec: dict[str, Any] = {"same_kernel_as": None if key == v else key, "tile": t, "registers": regs,
                                        "shared_bytes": smem, "seconds": times[key], "max_rel_diff": diffs[key],
-                                       "agrees": diffs[key] <= 1e-5}
+                                       "agrees_with_default": diffs[key] <= 1e-5}
                 if dev is not None:
                     rec["fraction_of_peak"] = cost.flops / times[key] / (dev["fp32_peak_GFLOPs"] * 1e9)
                 if dmodel is not None and regs is not None:
@@ -143,7 +144,7 @@ def run(backend_name: str = "cuda", shapes: list[Shape] | None = None, repeats: 
                     f"{rec.get('fraction_of_peak', float('nan')):7.2f} "
                     f"{rec.get('predicted_seconds', float('nan')) * 1e3:8.3f} "
                     f"{rec.get('predicted_over_measured', float('nan')):9.2f} {diffs[key]:9.1e}"
-                    + ("" if key == v else f"  (= {key})") + ("" if rec["agrees"] else "  DISAGREES"))
+                    + ("" if key == v else f"  (= {key})") + ("" if rec["agrees_with_default"] else "  DISAGREES with the default"))
             agreeing = [v for v in runs if diffs[v] <= 1e-5]
             fastest = min(agreeing, key=lambda v: times[v]) if agreeing else None
             row["passes"][name] = {"kernel": kname, "variants": recs, "fastest": fastest, "default": default,

@@ -44,7 +44,10 @@ keep the previous block's values), only dynamic shared memory is; ``__activemask
 returns the lanes that have not exited, since the emulator cannot tell which lanes a
 GPU would have converged; the thread schedule is not the GPU's, so spin-waits on
 other threads never end; ``cp.async`` only through the stand-in above (a copy in flight
-is never observed half-landed, and bank conflicts or timing are not modelled); no inline PTX, half/bfloat16 types, textures, cooperative
+is never observed half-landed, and bank conflicts or timing are not modelled; with static
+``__shared__`` keeping the previous block's values, a missing wait on an operand the next block
+loads identically, such as a site's weights in its next column tile, reads the same values and
+goes unseen: the other operand shows it); no inline PTX, half/bfloat16 types, textures, cooperative
 groups or ``extern __shared__`` at file scope; kernels must be ``extern "C"``; and g++
 accepts some code that NVRTC rejects, which is why ``cotsdl check-kernels`` compiles
 every kernel with NVRTC too.

@@ -22,7 +22,7 @@ def test_every_variant_runs_and_agrees_on_the_emulator(tmp_path):
         assert set(row["passes"]) == set(gemm.PASSES)
         for p in row["passes"].values():
             assert set(p["variants"]) == set(cuda_filter.VARIANTS)
-            assert all(v["agrees"] and v["seconds"] > 0 for v in p["variants"].values())
+            assert all(v["agrees_with_default"] and v["seconds"] > 0 for v in p["variants"].values())
             assert p["fastest"] in cuda_filter.VARIANTS
     # on the small tiles every variant is the registers kernel; on the 128-row ones each its own
     assert all(v["same_kernel_as"] == "registers" for p in tiny["passes"].values()
@@ -60,6 +60,6 @@ def test_the_cuda_path_on_a_stand_in_device(monkeypatch):
     (row,) = res["results"]
     for p in row["passes"].values():
         for v in p["variants"].values():
-            assert v["agrees"] and v["blocks_per_sm"] == 2 and v["predicted_seconds"] > 0
+            assert v["agrees_with_default"] and v["blocks_per_sm"] == 2 and v["predicted_seconds"] > 0
             assert 0 < v["fraction_of_peak"] and v["predicted_over_measured"] > 0
     assert "fastest:" in log.getvalue() and res["device"]["sms"] == 132
