@@ -144,7 +144,8 @@ def run(backend_name: str = "cuda", shapes: list[Shape] | None = None, repeats: 
                     f"{rec.get('fraction_of_peak', float('nan')):7.2f} "
                     f"{rec.get('predicted_seconds', float('nan')) * 1e3:8.3f} "
                     f"{rec.get('predicted_over_measured', float('nan')):9.2f} {diffs[key]:9.1e}"
-                    + ("" if key == v else f"  (= {key})") + ("" if rec["agrees_with_default"] else "  DISAGREES with the default"))
+                    + ("" if key == v else f"  (= {key})")
+                    + ("" if rec["agrees_with_default"] else "  DISAGREES with the default"))
             agreeing = [v for v in runs if diffs[v] <= 1e-5]
             fastest = min(agreeing, key=lambda v: times[v]) if agreeing else None
             row["passes"][name] = {"kernel": kname, "variants": recs, "fastest": fastest, "default": default,
