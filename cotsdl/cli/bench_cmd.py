@@ -180,7 +180,7 @@ def _exchange(args) -> int:
 def _layers(args) -> int:
     import numpy as np  # noqa: PLC0415
 
-    from .. import backend, ops  # noqa: PLC0415
+    from .. import ops  # noqa: PLC0415
     from ..bench import common, layers  # noqa: PLC0415
 
     err = common.check_output_path(args.json)
@@ -192,7 +192,7 @@ def _layers(args) -> int:
         raise ValueError(err)
     if args.threads is not None:
         ops.set_num_threads(args.threads)
-    backend.use(args.backend)
+    _use_backend(args.backend)
     machine = None
     if args.machine:
         from ..planner import load_machine  # noqa: PLC0415
@@ -206,8 +206,19 @@ def _layers(args) -> int:
     return _written(args, res)
 
 
-def _gemm(args) -> int:
+def _use_backend(name: str) -> None:
+    """The bench's backend, and a one-line error (not a traceback) where it cannot run here."""
     from .. import backend  # noqa: PLC0415
+
+    backend.use(name)
+    if name == "cuda":
+        try:
+            backend.cupy_module()
+        except ImportError as e:
+            raise ValueError(f"--backend cuda: {e}") from None
+
+
+def _gemm(args) -> int:
     from ..bench import common, gemm  # noqa: PLC0415
     from ..bench.layers import CPU_PAPER_185M, PAPER, SHAPES, TINY, _shape  # noqa: PLC0415
     from ..bench.gemm import EMU_PIPELINE  # noqa: PLC0415
@@ -217,7 +228,7 @@ def _gemm(args) -> int:
         err = f"--repeats must be >= 1, got {args.repeats}"
     if err:
         raise ValueError(err)
-    backend.use(args.backend)
+    _use_backend(args.backend)
     shapes = [_shape(s, [PAPER, CPU_PAPER_185M, TINY, EMU_PIPELINE] + SHAPES) for s in args.shapes.split(",")] if args.shapes else None
     res = gemm.run(args.backend, shapes, args.repeats, args.min_time,
                    variants=args.variants.split(",") if args.variants else None)

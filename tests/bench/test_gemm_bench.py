@@ -1,9 +1,12 @@
 """``cotsdl bench gemm`` on the emulator: every variant runs, agrees with the default, and is reported."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
+
+import pytest
 
 from cotsdl.bench import gemm
 from cotsdl.ops.cuda import filter as cuda_filter
@@ -63,3 +66,12 @@ def test_the_cuda_path_on_a_stand_in_device(monkeypatch):
             assert v["agrees_with_default"] and v["blocks_per_sm"] == 2 and v["predicted_seconds"] > 0
             assert 0 < v["fraction_of_peak"] and v["predicted_over_measured"] > 0
     assert "fastest:" in log.getvalue() and res["device"]["sms"] == 132
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy imports here")
+@pytest.mark.parametrize("bench", ["gemm", "layers"])
+def test_without_cupy_the_cuda_benches_say_so_in_one_line(bench):
+    r = subprocess.run([sys.executable, "-m", "cotsdl", "bench", bench, "--backend", "cuda"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "cotsdl: error: --backend cuda: the cuda backend needs CuPy" in r.stderr
