@@ -111,6 +111,12 @@ _CONSTANTS: dict = {}  # insertion order = use order (constant() re-inserts on e
 _CONSTANTS_KEPT = 256
 
 
+def kept_constants() -> list:
+    """The device copies :func:`constant` keeps now (whoever holds device addresses of them, such as a
+    captured CUDA graph, keeps these references: the cache may drop its own)."""
+    return list(_CONSTANTS.values())
+
+
 def cuda_dir() -> Path:
     """The folder of the ``.cu``/``.cuh`` kernel sources.
 

@@ -25,9 +25,12 @@ from ..ops import costs
 from ..ops.cuda import filter as cuda_filter
 from ..planner import gemm as model
 from .layers import PAPER, SHAPES, TINY, Shape, device_ceilings
+from .peers import FILTER_PASSES
 from .sampling import interleaved_best
 
-PASSES = ("filter_forward", "filter_bwd_data", "filter_bwd_weights")
+PASSES = FILTER_PASSES
+#: Largest difference from the default variant's result, relative to its largest value, that agrees
+AGREE = 1e-5
 #: For the emulator: a shape on the 128-row tiles (M = 128, N = 96), so that every variant runs
 EMU_PIPELINE = Shape("emu-128", 7, 8, 5, 2, 32, 96, (2, 2))
 
@@ -111,10 +114,9 @@ def run(backend_name: str = "cuda", shapes: list[Shape] | None = None, repeats: 
             fn, cost = calls[name]
             kname, rows, cols, blocks = _product(name, sh)
             tiles: dict[str, dict[str, int]] = {v: cuda_filter._tiles(rows, cols, np.float32, v) for v in variants}
-            distinct: dict[tuple, str] = {}
-            for v in variants:  # variants that build the same kernel here are one contestant
-                distinct.setdefault(tuple(sorted(tiles[v].items())), v)
-            runs = {v: (lambda v=v: _in_variant(v, fn)) for v in distinct.values()}
+            # variants that build the same kernel here are one contestant, named by the first of them
+            same = {v: next(u for u in variants if tiles[u] == tiles[v]) for v in variants}
+            runs = {v: (lambda v=v: _in_variant(v, fn)) for v in variants if same[v] == v}
             default = cuda_filter.variant(kname)  # the kernel's default, the reference
             ref = _in_variant(default, fn).copy()
             diffs = {v: _same(_in_variant(v, fn), ref) for v in runs}
@@ -122,13 +124,13 @@ def run(backend_name: str = "cuda", shapes: list[Shape] | None = None, repeats: 
             recs: dict[str, Any] = {}
             for v in variants:
                 t = tiles[v]
-                key = distinct[tuple(sorted(t.items()))]
+                key = same[v]
                 kern = backend.kernel("filter.cu", f"{kname}_f32", t, device_array=backend_name == "cuda")
                 regs, smem = _resources(kern)
                 threads = (t["TM"] // t["RM"]) * (t["TN"] // t["RN"])
                 rec: dict[str, Any] = {"same_kernel_as": None if key == v else key, "tile": t, "registers": regs,
                                        "shared_bytes": smem, "seconds": times[key], "max_rel_diff": diffs[key],
-                                       "agrees_with_default": diffs[key] <= 1e-5}
+                                       "agrees_with_default": diffs[key] <= AGREE}
                 if dev is not None:
                     rec["fraction_of_peak"] = cost.flops / times[key] / (dev["fp32_peak_GFLOPs"] * 1e9)
                 if dmodel is not None and regs is not None:
@@ -146,13 +148,11 @@ def run(backend_name: str = "cuda", shapes: list[Shape] | None = None, repeats: 
                     f"{rec.get('predicted_over_measured', float('nan')):9.2f} {diffs[key]:9.1e}"
                     + ("" if key == v else f"  (= {key})")
                     + ("" if rec["agrees_with_default"] else "  DISAGREES with the default"))
-            agreeing = [v for v in runs if diffs[v] <= 1e-5]
+            agreeing = [v for v in runs if diffs[v] <= AGREE]
             fastest = min(agreeing, key=lambda v: times[v]) if agreeing else None
             row["passes"][name] = {"kernel": kname, "variants": recs, "fastest": fastest, "default": default,
-                                   "fastest_over_default": (times[fastest] / times[distinct[tuple(sorted(
-                                       tiles[default].items()))]]
-                                                            if fastest and default in variants
-                                                            else None)}
+                                   "fastest_over_default": (times[fastest] / times[same[default]]
+                                                            if fastest and default in same else None)}
             say(f"{'':9} {name:18} fastest: {fastest}"
                 + (f" ({row['passes'][name]['fastest_over_default']:.2f} of the default's time)"
                    if row["passes"][name]["fastest_over_default"] else ""))

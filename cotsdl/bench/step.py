@@ -57,8 +57,7 @@ def _fresh_pool(xp: Any) -> int:
 
 
 def _weights(tr: GreedyTrainer, stage: int) -> np.ndarray:
-    w = tr.params[tr.filter_layers[stage]]
-    return w.get() if hasattr(w, "get") else np.array(w)
+    return np.array(backend.to_numpy(tr.params[tr.filter_layers[stage]]))  # a copy: training goes on in place
 
 
 def run(comm: MPI.Comm, network: Network, make_optimizer: Callable[[], Any], *, batch: int, stage: int = 0,

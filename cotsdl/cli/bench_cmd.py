@@ -229,7 +229,8 @@ def _gemm(args) -> int:
     if err:
         raise ValueError(err)
     _use_backend(args.backend)
-    shapes = [_shape(s, [PAPER, CPU_PAPER_185M, TINY, EMU_PIPELINE] + SHAPES) for s in args.shapes.split(",")] if args.shapes else None
+    known = [PAPER, CPU_PAPER_185M, TINY, EMU_PIPELINE] + SHAPES
+    shapes = [_shape(s, known) for s in args.shapes.split(",")] if args.shapes else None
     res = gemm.run(args.backend, shapes, args.repeats, args.min_time,
                    variants=args.variants.split(",") if args.variants else None)
     return _written(args, res)
@@ -317,13 +318,8 @@ def _step(args) -> int:
     machine_arg = args.machine or ("h100-ndr" if name == "cuda" else "this" if os.path.isfile("machine.json") else None)
     predict, err = None, None
     if machine_arg:
-        try:
-            from .. import planner  # noqa: PLC0415
-
-            machine = planner.load_machine(machine_arg)
-            predict = functools.partial(planner.predict_step, network, spec.global_batch, 1, (1, 1), 1, machine,
-                                        stage=args.stage, dtype=tc.dtype.name, optimizer_slots=tc.optimizer_slots,
-                                        ranks_per_node=1, tied=tc.tied, overlap=False)
+        try:  # the whole prediction (time and memory) of one rank, one replica
+            predict = functools.partial(_step_predictor(spec, machine_arg, args.stage), 1, 1, (1, 1), False, 1)
         except ValueError as e:  # a bad --machine: one agreed message
             err = str(e)
     raise_collectively(comm, err)
@@ -392,8 +388,9 @@ def _fuse(args) -> int:
     return _written(args, res, comm)
 
 
-def _predictor(spec, machine_arg: str, stage: int):
-    """The planner's step-time prediction for a setting, as ``scaling.run`` asks for it."""
+def _step_predictor(spec, machine_arg: str, stage: int):
+    """The planner's prediction (``planner.predict_step``'s dict) for a setting
+    ``(p, replicas, dims, overlap, ranks_per_node)`` of the config's step of ``stage``."""
     try:
         from .. import planner  # noqa: PLC0415
     except ImportError as e:  # pragma: no cover - the planner ships with the package
@@ -404,8 +401,14 @@ def _predictor(spec, machine_arg: str, stage: int):
         return planner.predict_step(spec.network, spec.global_batch // replicas, p, dims, replicas, machine,
                                     stage=stage, dtype=spec.train.dtype.name,
                                     optimizer_slots=spec.train.optimizer_slots, ranks_per_node=ranks_per_node,
-                                    tied=spec.train.tied, overlap=overlap)["seconds"]
+                                    tied=spec.train.tied, overlap=overlap)
     return predict
+
+
+def _predictor(spec, machine_arg: str, stage: int):
+    """The planner's step time for a setting, as ``scaling.run`` asks for it."""
+    full = _step_predictor(spec, machine_arg, stage)
+    return lambda *setting: full(*setting)["seconds"]
 
 
 def _decider(spec, machine_arg: str | None, stage: int):

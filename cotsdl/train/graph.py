@@ -139,7 +139,7 @@ class DeviceGraph:
         self._graph, self._out = graph, out
         # the device tables kernels read through backend.constant (a bounded cache): the graph holds
         # their addresses, so it holds them too, lest an eviction free memory a replay reads
-        self._constants = list(backend._CONSTANTS.values())
+        self._constants = backend.kept_constants()
         self.captures += 1
 
     def describe(self) -> str:
